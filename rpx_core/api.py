@@ -1,0 +1,65 @@
+"""The Python API for notebooks and scripts; the CLI is a thin layer over these same functions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from rpx_core import results as results_io
+from rpx_core.pipeline import Listener, run_plan
+from rpx_core.plan import make_plan
+from rpx_core.plugins import Plugins
+from rpx_core.results import ModelResult, RunResult
+from rpx_core.spec import DEFAULT_STAGES, Spec, load_spec, spec_from_dict
+
+__all__ = ["load_spec", "run_spec", "run", "profile", "load_results"]
+
+#: ``output=DEFAULT`` writes where the spec says; ``output=None`` writes nothing.
+DEFAULT = "spec"
+
+
+def run_spec(
+    spec: Spec,
+    *,
+    output: str | Path | None = DEFAULT,
+    stages: Sequence[str] | None = None,
+    plugins: Plugins | None = None,
+    spec_path: str | None = None,
+    model_objects: dict[str, Any] | None = None,
+    listener: Listener | None = None,
+) -> RunResult:
+    """Run a loaded spec. Results are written to ``output`` (TOML, or JSON for a .json suffix) as they are measured."""
+    plugins = plugins or Plugins.load()
+    plan = make_plan(spec, plugins, where=spec_path or "<spec>", stages=tuple(stages) if stages else None)
+    path = spec.output_path() if output == DEFAULT else (Path(output) if output is not None else None)
+    return run_plan(plan, plugins, output=path, spec_path=spec_path, model_objects=model_objects, listener=listener)
+
+
+def run(spec_path: str | Path, **kwargs: Any) -> RunResult:
+    """Load and run a spec file; keyword arguments as for :func:`run_spec`."""
+    return run_spec(load_spec(spec_path), spec_path=str(spec_path), **kwargs)
+
+
+def profile(
+    model: Any,
+    inputs: Iterable[Any],
+    *,
+    stages: Sequence[str] = DEFAULT_STAGES,
+    name: str = "model",
+    plugins: Plugins | None = None,
+    output: str | Path | None = None,
+    **settings: Any,
+) -> ModelResult:
+    """Profile a live model object. ``inputs`` are shapes (``(1, 3, 224, 224)``) or input tables
+    (``{"shape": [1, 128], "dtype": "int64", "high": 32000}``); ``settings`` are spec keys (backend, precision,
+    gpus, batch_sizes, options, ...)."""
+    tables = [{"shape": list(item)} if isinstance(item, (tuple, list)) else dict(item) for item in inputs]
+    model_table = {"name": name, "source": f"<object>:{type(model).__name__}", "inputs": tables}
+    spec = spec_from_dict({"models": [model_table], "stages": list(stages), **settings}, where="profile()")
+    run_result = run_spec(spec, output=output, plugins=plugins, model_objects={name: model})
+    return run_result.model(name)
+
+
+def load_results(path: str | Path) -> RunResult:
+    """Load a results file written by ``rpx run`` (TOML or JSON)."""
+    return results_io.load(path)

@@ -1,0 +1,124 @@
+"""The backend contract: what a runtime (CPU, CUDA, MPS, JAX, ...) must provide so stages can run and measure on it.
+
+A backend is a registration object returned by a plugin's ``rpx_register_backends`` hook. Stages never branch on device
+names: they ask the backend to place the model, make inputs, synchronise, time, and read peak memory. Nothing here imports
+torch; concrete backends import their runtime inside methods so ``rpx backends`` stays fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+import attrs
+
+if TYPE_CHECKING:
+    from rpx_core.spec import ModelSpec
+
+#: Every precision rpx knows. Execution support is per backend; roofline peaks are per GPU.
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+
+
+@attrs.frozen
+class Availability:
+    """Whether a backend can run here and, if not, why (shown by ``rpx backends`` and in errors)."""
+
+    available: bool
+    reason: str = ""  # why it is unavailable, or a short description of what was found (e.g. "2 devices: NVIDIA H200")
+
+
+@attrs.frozen
+class MemoryPeak:
+    """Peak memory of a measured region, in bytes (1 MB = 1e6 bytes when shown as MB).
+
+    ``method`` states how the figure was obtained (e.g. "VmHWM after clear_refs", "torch.cuda.max_memory_allocated",
+    "sampled driver memory every 1 ms") because the methods are not equivalent; absent figures are None, never zero.
+    """
+
+    method: str
+    peak_bytes: int | None = None  # peak of the region: RSS on CPU, allocated by the framework allocator on devices
+    reserved_bytes: int | None = None  # peak reserved by the allocator's caching pool (CUDA)
+    outside_allocator_bytes: int | None = None  # device memory used outside the framework allocator (context, libraries)
+    sampled: bool = False  # True when the peak is the max of periodic samples, so a short spike may be missed
+
+
+class Timer:
+    """A host monotonic clock with synchronisation on both ends; backends with device events override it."""
+
+    def __init__(self, synchronize: Callable[[], None]) -> None:
+        self._synchronize = synchronize
+        self._started = 0.0
+
+    def start(self) -> None:
+        self._synchronize()
+        self._started = time.perf_counter()
+
+    def stop(self) -> float:
+        """Seconds since ``start``, after the device finished the queued work."""
+        self._synchronize()
+        return time.perf_counter() - self._started
+
+
+class Backend:
+    """Base class for backends; override what your runtime does differently.
+
+    Subclasses set ``name`` and ``precisions`` and implement ``probe``. The defaults describe a synchronous host runtime
+    with no peak-memory API, so a backend that forgets to implement memory read-out says so instead of reporting zero.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    precisions: ClassVar[tuple[str, ...]] = ("fp32",)
+    #: The model families this backend can run ("torch", "jax", ...): a model factory's object must fit one.
+    framework: ClassVar[str] = "torch"
+
+    @functools.cached_property
+    def availability(self) -> Availability:
+        """Probe once per process; a probe that raises is reported as unavailable with the exception text."""
+        try:
+            return self.probe()
+        except Exception as exc:  # a broken runtime must not take the CLI down
+            return Availability(False, f"probe failed: {type(exc).__name__}: {exc}")
+
+    def probe(self) -> Availability:
+        raise NotImplementedError
+
+    def default_device(self) -> str:
+        return self.name
+
+    def place_model(self, model: Any, precision: str, device: str) -> Any:
+        """Move/cast the model for execution at ``precision`` on ``device``; return the placed model."""
+        raise NotImplementedError(f"backend {self.name!r} cannot place models")
+
+    def make_inputs(
+        self, model: ModelSpec, batch_size: int, precision: str, device: str
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Create ``model``'s inputs at ``batch_size`` on ``device``: positional args and keyword args."""
+        raise NotImplementedError(f"backend {self.name!r} cannot create inputs")
+
+    def synchronize(self, device: str) -> None:
+        """Block until all queued work on ``device`` finished (no-op for synchronous runtimes)."""
+
+    def timer(self, device: str) -> Timer:
+        return Timer(lambda: self.synchronize(device))
+
+    def reset_peak_memory(self, device: str) -> None:
+        """Start a new measured region for ``read_peak_memory``."""
+
+    def read_peak_memory(self, device: str) -> MemoryPeak:
+        return MemoryPeak(method=f"unsupported: backend {self.name!r} has no peak-memory read-out")
+
+    def is_out_of_memory(self, exc: BaseException) -> bool:
+        """True when ``exc`` is this runtime's out-of-memory error."""
+        return isinstance(exc, MemoryError)
+
+    def recover_from_oom(self, device: str) -> None:
+        """Free what an out-of-memory error left behind so the next trial starts clean."""
+        import gc
+
+        gc.collect()
+
+    def set_memory_budget(self, device: str, budget_bytes: int | None) -> bool:
+        """Make ``budget_bytes`` a hard limit for this process if the runtime can; return whether it did."""
+        return False

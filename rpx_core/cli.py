@@ -1,0 +1,183 @@
+"""The ``rpx`` command. Thin: parse arguments, call the API, print. User errors are one line and exit code 2.
+
+Importing this module must not import torch: ``rpx --help``, ``rpx plugins`` and ``rpx gpus`` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from rpx_core import __version__
+
+EXIT_OK, EXIT_STAGE_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rpx", description="Declarative, plugin-based model-efficiency profiler.")
+    parser.add_argument("--version", action="version", version=f"rpx {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--disable", action="append", default=[], metavar="PLUGIN", help="disable a plugin by name (repeatable; also RPX_DISABLE_PLUGINS=a,b)")
+    parser.add_argument("--strict-plugins", action="store_true", default=None, help="a plugin that fails to import is an error")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run a spec and write its results")
+    run.add_argument("spec", help="path to spec.toml")
+    run.add_argument("-o", "--output", help="results file (default: the spec's `output`)")
+    run.add_argument("--format", choices=("toml", "json"), help="results format (default: from the file suffix)")
+    run.add_argument("--stages", help="comma-separated stages to run instead of the spec's (dependencies are added)")
+    run.set_defaults(handler=cmd_run)
+
+    validate = commands.add_parser("validate", help="check a spec without running it")
+    validate.add_argument("spec")
+    validate.set_defaults(handler=cmd_validate)
+
+    plugins = commands.add_parser("plugins", help="list plugins with their distribution, version and hooks")
+    plugins.add_argument("--json", action="store_true")
+    plugins.set_defaults(handler=cmd_plugins)
+
+    backends = commands.add_parser("backends", help="list backends and whether they are available here")
+    backends.add_argument("--json", action="store_true")
+    backends.set_defaults(handler=cmd_backends)
+
+    gpus = commands.add_parser("gpus", help="list GPU specs from every pack, or show one in full")
+    gpus.add_argument("name", nargs="?", help="a GPU name or alias")
+    gpus.add_argument("--pack", action="append", default=[], metavar="FILE", help="also load this GPU pack TOML file")
+    gpus.add_argument("--json", action="store_true")
+    gpus.set_defaults(handler=cmd_gpus)
+    return parser
+
+
+def load_plugins(args: argparse.Namespace):
+    from rpx_core.plugins import Plugins
+
+    return Plugins.load(args.disable, strict=args.strict_plugins)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rpx_core.api import run_spec
+    from rpx_core.spec import load_spec
+    from rpx_core.summary import render_run
+
+    spec = load_spec(args.spec)
+    output = Path(args.output) if args.output else spec.output_path()
+    if args.format:
+        output = output.with_suffix(f".{args.format}")
+    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip()) if args.stages else None
+    result = run_spec(spec, output=output, stages=stages, plugins=load_plugins(args), spec_path=args.spec, listener=print_progress)
+    print(render_run(result))
+    print(f"results: {output}")
+    return EXIT_OK if result.ok else EXIT_STAGE_FAILED
+
+
+def print_progress(model: str, stage: str, record: Any) -> None:
+    detail = f"{record.seconds:.2f} s" if record.seconds is not None else ""
+    if record.error:
+        detail = f"{detail}  {record.error.splitlines()[0]}".strip()
+    print(f"  {model:<20} {stage:<18} {record.status:<8} {detail}", file=sys.stderr)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from rpx_core.plan import make_plan
+    from rpx_core.spec import load_spec
+
+    plan = make_plan(load_spec(args.spec), load_plugins(args), where=args.spec)
+    print(f"{args.spec}: ok — {len(plan.jobs)} model(s); stages: {', '.join(plan.stages)}")
+    return EXIT_OK
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from rpx_core.convert import converter
+
+    infos = load_plugins(args).infos()
+    if args.json:
+        print(json.dumps([converter.unstructure(info) for info in infos], indent=2))
+        return EXIT_OK
+    for info in infos:
+        origin = "built-in" if info.builtin else f"{info.distribution} {info.version}"
+        hooks = ", ".join(h.removeprefix("rpx_") for h in info.hooks) or "-"
+        status = "" if info.status == "loaded" else f"  [{info.status}{': ' + info.error if info.error else ''}]"
+        print(f"{info.name:<16} {origin:<28} {hooks}{status}")
+    return EXIT_OK
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    rows = []
+    for name, backend in sorted(load_plugins(args).backends().items()):
+        availability = backend.availability
+        rows.append({"name": name, "available": availability.available, "reason": availability.reason,
+                     "framework": backend.framework, "precisions": list(backend.precisions)})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    for row in rows:
+        mark = "available" if row["available"] else "unavailable"
+        print(f"{row['name']:<8} {mark:<12} {','.join(row['precisions']):<22} {row['reason']}")
+    return EXIT_OK
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    from rpx_core.gpus import describe_gpu, gpu_rows
+
+    catalog = load_plugins(args).gpu_catalog([Path(p) for p in args.pack])
+    if args.name:
+        gpu = catalog.get(args.name)
+        print(json.dumps(describe_gpu(gpu, catalog), indent=2) if args.json else "\n".join(describe_lines(describe_gpu(gpu, catalog))))
+        return EXIT_OK
+    rows = gpu_rows(catalog)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    for row in rows:
+        print(f"{row['name']:<24} {row['pack']:<14} {row['bandwidth_gb_s']:>8.1f} GB/s  {row['precisions']}")
+    return EXIT_OK
+
+
+def describe_lines(data: dict[str, Any], indent: str = "") -> list[str]:
+    lines = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            lines.append(f"{indent}{key}:")
+            lines.extend(describe_lines(value, indent + "  "))
+        else:
+            lines.append(f"{indent}{key}: {value}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return run_command(args.handler, args)
+
+
+def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    from rpx_core.errors import RpxError
+
+    warnings.showwarning = _one_line_warning
+    try:
+        return handler(args)
+    except RpxError as exc:
+        if args.debug:
+            raise
+        print(f"rpx: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("rpx: interrupted (results measured so far are in the results file)", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"rpx: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
+        return EXIT_STAGE_FAILED
+
+
+def _one_line_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+    print(f"rpx: warning: {message}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

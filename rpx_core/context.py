@@ -1,0 +1,91 @@
+"""What a stage receives: the job (pure data) plus lazily built live objects (model, inputs) and earlier results.
+
+A :class:`Job` holds only data, so a future executor can send it to a worker process and rebuild the context there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from rpx_core.models import load_callable
+from rpx_core.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from rpx_core.backends import Backend
+    from rpx_core.plugins import Plugins
+
+
+@attrs.frozen
+class Job:
+    """One model's work: which model, where, at which precision, which stages in which order, with which options."""
+
+    model: ModelSpec
+    backend: str
+    device: str
+    precision: str
+    stages: tuple[str, ...]  # dependency-ordered
+    options: dict[str, Any]  # stage name -> structured options object
+    gpus: tuple[str, ...]
+    batch_sizes: tuple[int, ...]
+    base_dir: str = "."
+
+
+@attrs.define
+class StageContext:
+    """Everything a stage implementation may use. Live objects are built on first use and shared by later stages."""
+
+    job: Job
+    backend: Backend
+    plugins: Plugins  # to call other hooks (built-in stages run their hook through it)
+    gpu_catalog: Any  # GPUCatalog, built on first use by the pipeline
+    results: dict[str, Any] = attrs.Factory(dict)  # results of stages that already ran for this model, by name
+    #: Scratch space shared by the stages of one job (e.g. one counting pass feeding both count_flops and
+    #: estimate_traffic). Not written to results.
+    cache: dict[str, Any] = attrs.Factory(dict)
+    model_object: Any = None  # a live model given through the Python API instead of an import path
+
+    def options(self, stage: str) -> Any:
+        return self.job.options.get(stage)
+
+    def build_model(self) -> Any:
+        """Call the model factory (unplaced, on whatever device the factory uses) or return the given object."""
+        if self.model_object is not None:
+            return self.model_object
+        factory = load_callable(self.job.model.source, self.job.base_dir, what=f"model {self.job.model.name!r}")
+        return factory(**self.job.model.kwargs)
+
+    def model(self) -> Any:
+        """The model placed on the job's device at the job's precision, built once per job."""
+        if "model" not in self.cache:
+            if self.job.model.meta_only:
+                from rpx_core.errors import UnsupportedError
+
+                raise UnsupportedError(
+                    f"model {self.job.model.name!r} is meta_only: it is never materialised, so it cannot be executed"
+                )
+            self.cache["model"] = self.backend.place_model(self.build_model(), self.job.precision, self.job.device)
+        return self.cache["model"]
+
+    def inputs(self, batch_size: int = 1) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Positional and keyword inputs at ``batch_size``, created on the device once per batch size."""
+        key = f"inputs@{batch_size}"
+        if key not in self.cache:
+            self.cache[key] = self.backend.make_inputs(self.job.model, batch_size, self.job.precision, self.job.device)
+        return self.cache[key]
+
+    def release(self) -> None:
+        """Drop live objects (model, inputs) so the next job starts with the memory they held."""
+        self.cache.clear()
+
+
+@attrs.define
+class RunContext:
+    """What a run-scoped stage (e.g. batch_search over a pipeline of models) receives: one context per model."""
+
+    models: list[StageContext]
+    options: Any
+    backend: Backend
+    plugins: Plugins
+    gpu_catalog: Any

@@ -1,0 +1,119 @@
+"""The one cattrs converter for specs and results, and the error formatting that turns its failures into one line each.
+
+Every structured error names the key path the user wrote (``models[0].inputs[1].shape``) and, for unknown keys, suggests
+the closest valid name.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from typing import Any
+
+import attrs
+import cattrs
+from cattrs.errors import ForbiddenExtraKeysError
+
+
+def make_converter() -> cattrs.Converter:
+    """A converter that rejects unknown keys and drops None values (TOML has no null)."""
+    converter = cattrs.Converter(forbid_extra_keys=True, omit_if_default=False)
+    converter.register_unstructure_hook_factory(attrs.has, _omit_none_factory(converter))
+    converter.register_structure_hook_func(lambda t: t == tuple[int, ...], _strict_int_tuple)
+    converter.register_structure_hook_func(_is_scalar_union, _structure_scalar_union)
+    return converter
+
+
+SCALARS = (bool, int, float, str)
+
+
+def _is_scalar_union(type_: Any) -> bool:
+    args = [arg for arg in typing.get_args(type_) if arg is not type(None)]
+    return typing.get_origin(type_) in (typing.Union, types.UnionType) and bool(args) and all(a in SCALARS for a in args)
+
+
+def _structure_scalar_union(value: Any, type_: Any) -> Any:
+    """Keep the value's own type when it is one of the union's members (an int stays an int in ``int | float``)."""
+    members = typing.get_args(type_)
+    if value is None and type(None) in members:
+        return None
+    if isinstance(value, bool) and bool not in members:
+        raise TypeError(f"expected {' or '.join(m.__name__ for m in members)}, got a boolean")
+    if type(value) in members:
+        return value
+    if isinstance(value, int) and float in members:
+        return float(value)
+    raise TypeError(f"expected {' or '.join(m.__name__ for m in members)}, got {type(value).__name__}")
+
+
+def _omit_none_factory(converter: cattrs.Converter):
+    def factory(cls: type):
+        base = cattrs.gen.make_dict_unstructure_fn(cls, converter)
+
+        def unstructure(obj: Any) -> dict[str, Any]:
+            return {key: value for key, value in base(obj).items() if value is not None}
+
+        return unstructure
+
+    return factory
+
+
+def _strict_int_tuple(value: Any, _: type) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"expected a list of integers, got {type(value).__name__}")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise TypeError(f"expected an integer, got {item!r}")
+    return tuple(value)
+
+
+converter = make_converter()
+
+
+def structure(data: Any, cls: type, *, where: str, base_path: str = "") -> Any:
+    """Structure ``data`` into ``cls``; on failure raise ``error_type`` with one line per problem.
+
+    ``where`` names the source (a file path) and ``base_path`` the key path of ``data`` inside it.
+    """
+    from rpx_core.errors import SpecError
+
+    try:
+        return converter.structure(data, cls)
+    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+        lines = describe_errors(exc, base_path)
+        raise SpecError("\n".join(f"{where}: {line}" for line in lines)) from exc
+
+
+def describe_errors(exc: BaseException, base_path: str = "") -> list[str]:
+    """Flatten a cattrs error tree into ``key.path: what is wrong`` lines."""
+    if not isinstance(exc, cattrs.BaseValidationError):
+        return [f"{base_path or '<top>'}: {exc}"]
+    lines = cattrs.transform_error(exc, path="$", format_exception=_format_exception)
+    return [_reformat(line, base_path) for line in lines]
+
+
+def _reformat(line: str, base_path: str) -> str:
+    message, _, path = line.rpartition(" @ ")
+    path = path.removeprefix("$").lstrip(".")
+    if base_path:
+        path = f"{base_path}.{path}" if path and not path.startswith("[") else f"{base_path}{path}"
+    return f"{path or '<top>'}: {message}"
+
+
+def _format_exception(exc: BaseException, type_: Any) -> str:
+    if isinstance(exc, ForbiddenExtraKeysError):
+        valid = [field.name for field in attrs.fields(exc.cl)] if attrs.has(exc.cl) else []
+        return "; ".join(_unknown_key_message(key, valid) for key in sorted(exc.extra_fields))
+    if isinstance(exc, KeyError):
+        return "required key is missing"
+    type_name = getattr(type_, "__name__", None) or str(type_).replace("typing.", "")
+    if isinstance(exc, (ValueError, TypeError)) and str(exc):
+        return f"invalid value for {type_name}: {exc}"
+    return f"invalid value, expected {type_name}"
+
+
+def _unknown_key_message(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(valid)}"
+    return f"unknown key {key!r}{hint}"

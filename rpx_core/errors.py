@@ -1,0 +1,25 @@
+"""Error types that the CLI turns into one clear line and a non-zero exit (a traceback only with --debug)."""
+
+from __future__ import annotations
+
+
+class RpxError(Exception):
+    """A problem the user can fix: bad spec, bad plugin, unavailable backend. Printed as one line, exit code 2."""
+
+    exit_code = 2
+
+
+class SpecError(RpxError):
+    """The spec file is invalid; the message names the file and the key path."""
+
+
+class PluginError(RpxError):
+    """A plugin failed to load, misnamed a hook, or two plugins claim the same name."""
+
+
+class BackendUnavailable(RpxError):
+    """The spec selects a backend that cannot run on this machine; the message says why."""
+
+
+class UnsupportedError(RpxError):
+    """A stage cannot produce a figure for this model/backend/precision; said out loud instead of faking a zero."""

@@ -1,0 +1,168 @@
+"""Running a plan: each model through its stages in order, failures recorded, dependants skipped, results kept.
+
+The results file is rewritten after every stage, so a crash, an interrupt or a failing later stage never loses what
+was already measured. Stage code never sees another model's objects: each job gets its own context, released after it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import platform
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import attrs
+
+from rpx_core import __version__
+from rpx_core.context import Job, RunContext, StageContext
+from rpx_core.convert import converter
+from rpx_core.errors import BackendUnavailable
+from rpx_core.plan import Plan, gpu_pack_paths
+from rpx_core.plugins import Plugins
+from rpx_core.results import ModelResult, Provenance, RunResult, StageRecord, write
+from rpx_core.stages import Provided, StageDef
+from rpx_core.summary import seed_fields
+
+Listener = Callable[[str, str, StageRecord], None]  # (model or "<run>", stage, record) after each stage
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+class ResultsFile:
+    """The run's results, rewritten atomically whenever something new is known."""
+
+    def __init__(self, run: RunResult, path: Path | None) -> None:
+        self.run = run
+        self.path = path
+
+    def update(self, **changes: Any) -> None:
+        self.run = attrs.evolve(self.run, **changes)
+        if self.path is not None:
+            write(self.run, self.path)
+
+    def put_model(self, model: ModelResult) -> None:
+        models = [m for m in self.run.models if m.name != model.name]
+        self.update(models=(*models, model))
+
+
+def run_plan(
+    plan: Plan,
+    plugins: Plugins,
+    *,
+    output: Path | None,
+    spec_path: str | None = None,
+    model_objects: dict[str, Any] | None = None,
+    listener: Listener | None = None,
+) -> RunResult:
+    """Run every job of ``plan``; return (and keep writing to ``output``) the results."""
+    spec = plan.spec
+    backend = plugins.backend(spec.backend, spec.choose, require_available=False)
+    registry = plugins.stages(spec.choose)
+    results = ResultsFile(RunResult(provenance=provenance(plan, plugins, spec_path)), output)
+    if not backend.availability.available:
+        reason = f"backend {backend.name!r} is not available on this machine: {backend.availability.reason}"
+        if spec.on_unavailable == "error":
+            raise BackendUnavailable(reason)
+        for job in plan.jobs:
+            skipped = {name: StageRecord("skipped", error=reason) for name in job.stages}
+            results.put_model(_model_result(job, skipped, finished=True))
+        results.update(provenance=attrs.evolve(results.run.provenance, finished=now()))
+        return results.run
+
+    catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose) if ("roofline" in plan.stages or spec.gpus) else None
+    contexts = []
+    for job in plan.jobs:
+        ctx = StageContext(job, backend, plugins, catalog, model_object=(model_objects or {}).get(job.model.name))
+        run_job(ctx, registry, results, listener)
+        contexts.append(ctx)
+    for name in plan.run_stages:
+        run_ctx = RunContext(contexts, plan.options.get(name), backend, plugins, catalog)
+        record = run_stage(registry[name], run_ctx, _failed_needs(registry[name], {}))
+        results.update(run_stages={**results.run.run_stages, name: record})
+        if listener:
+            listener("<run>", name, record)
+    results.update(provenance=attrs.evolve(results.run.provenance, finished=now()))
+    return results.run
+
+
+def run_job(ctx: StageContext, registry: dict[str, StageDef], results: ResultsFile, listener: Listener | None) -> ModelResult:
+    """Run one model's stages in order; each outcome is recorded and written before the next stage starts."""
+    job = ctx.job
+    records: dict[str, StageRecord] = {}
+    model = _model_result(job, records)
+    try:
+        for name in job.stages:
+            stage = registry[name]
+            record = run_stage(stage, ctx, _failed_needs(stage, records))
+            records[name] = record
+            if record.status == "ok":
+                ctx.results[name] = record.result
+            model = attrs.evolve(model, stages=dict(records), summary=seed_fields(records))
+            results.put_model(model)
+            if listener:
+                listener(job.model.name, name, record)
+    finally:
+        model = attrs.evolve(model, finished=now())
+        results.put_model(model)
+        ctx.release()  # free the model and inputs before the next job
+        gc.collect()
+    return model
+
+
+def run_stage(stage: StageDef, ctx: Any, failed_needs: list[str]) -> StageRecord:
+    """Run one stage unless something it needs failed; never raise for a stage's own failure."""
+    if failed_needs:
+        return StageRecord("skipped", error=f"needs {', '.join(failed_needs)}, which did not succeed")
+    started = time.perf_counter()
+    provider = stage.plugin
+    try:
+        result = stage.run(ctx)
+        if isinstance(result, Provided):
+            result, provider = result.result, result.plugin
+    except Exception as exc:
+        return StageRecord(
+            "failed",
+            seconds=round(time.perf_counter() - started, 6),
+            error=f"{type(exc).__name__}: {exc}",
+            traceback="".join(traceback.format_exception(exc)),
+        )
+    return StageRecord("ok", seconds=round(time.perf_counter() - started, 6), provided_by=provider, result=result)
+
+
+def _failed_needs(stage: StageDef, records: dict[str, StageRecord]) -> list[str]:
+    return [need for need in stage.needs if need in records and records[need].status != "ok"]
+
+
+def _model_result(job: Job, records: dict[str, StageRecord], finished: bool = False) -> ModelResult:
+    return ModelResult(
+        name=job.model.name,
+        source=job.model.source,
+        backend=job.backend,
+        device=job.device,
+        precision=job.precision,
+        started=now(),
+        finished=now() if finished else None,
+        stages=dict(records),
+    )
+
+
+def provenance(plan: Plan, plugins: Plugins, spec_path: str | None) -> Provenance:
+    spec_data = converter.unstructure(attrs.evolve(plan.spec, base_dir="."))
+    spec_data.pop("base_dir", None)
+    return Provenance(
+        rpx_version=__version__,
+        python=platform.python_version(),
+        created=now(),
+        spec_hash=plan.spec.digest(),
+        spec=spec_data,
+        spec_path=spec_path,
+        command=shlex.join(sys.argv) if sys.argv and sys.argv[0] else None,
+        plugins=tuple(info for info in plugins.infos() if info.status != "disabled"),
+    )

@@ -1,0 +1,199 @@
+"""The results file: schema-versioned attrs models, written as TOML or JSON by the one converter.
+
+A run's file is rewritten atomically after every stage, so whatever was measured survives a later crash. Each built-in
+stage's result has a known type (looked up lazily by stage name when loading); third-party stage results load as dicts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+from rpx_core.convert import converter
+from rpx_core.errors import RpxError
+
+SCHEMA_VERSION = 1
+
+#: Result type of each built-in stage, as "module:Class" so loading a results file imports only what it needs.
+RESULT_TYPES = {
+    "count_params": "rpx_core.tier1:ParamsResult",
+    "count_flops": "rpx_core.tier1:FlopsResult",
+    "estimate_traffic": "rpx_core.tier1:TrafficResult",
+    "roofline": "rpx_core.tier2:RooflineResult",
+    "system_card": "rpx_core.system:SystemCard",
+    "measure_latency": "rpx_core.tier3:LatencyResult",
+    "batch_search": "rpx_core.batching:BatchSearchResult",
+}
+
+Status = Literal["ok", "failed", "skipped"]
+
+
+@attrs.frozen
+class StageRecord:
+    """What happened to one stage: its status, how long it took, its error or skip reason, and its result."""
+
+    status: Status
+    seconds: float | None = None  # wall time of the stage
+    error: str | None = None  # "ExceptionType: message" for failures, the reason for skips
+    traceback: str | None = None  # the failure's traceback, for bug reports
+    provided_by: str | None = None  # the plugin whose hook implementation produced the result
+    result: Any = None
+
+
+StageRecords = dict[str, StageRecord]
+
+
+@attrs.frozen
+class ModelResult:
+    """All stage records of one model, plus the seed's flat summary fields for table rows."""
+
+    name: str
+    source: str
+    backend: str
+    device: str
+    precision: str
+    started: str  # ISO 8601, UTC
+    finished: str | None = None
+    stages: StageRecords = attrs.Factory(dict)
+    #: The seed's field names (params_m, flops_g, macs_g, memory_traffic_gb, arithmetic_intensity, actmem_gb_fp16,
+    #: latency_p50_ms, ...) derived from the stage results; see rpx_core.summary for their exact definitions.
+    summary: dict[str, float | str] = attrs.Factory(dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(record.status == "ok" for record in self.stages.values())
+
+    def result(self, stage: str) -> Any:
+        """The result of ``stage``, raising a clear error if it did not succeed."""
+        record = self.stages.get(stage)
+        if record is None:
+            raise KeyError(f"stage {stage!r} did not run for model {self.name!r}")
+        if record.status != "ok":
+            raise KeyError(f"stage {stage!r} {record.status} for model {self.name!r}: {record.error}")
+        return record.result
+
+
+@attrs.frozen
+class PluginInfo:
+    """One plugin as loaded for a run (also what ``rpx plugins`` prints)."""
+
+    name: str
+    distribution: str
+    version: str
+    builtin: bool
+    status: Literal["loaded", "disabled", "failed"]
+    hooks: tuple[str, ...] = ()
+    error: str | None = None
+
+
+@attrs.frozen
+class Provenance:
+    """What produced a results file, so any figure can be traced back and reproduced."""
+
+    rpx_version: str
+    python: str
+    created: str  # ISO 8601, UTC
+    spec_hash: str
+    spec: dict[str, Any]  # the spec as rpx understood it
+    spec_path: str | None = None
+    command: str | None = None
+    finished: str | None = None
+    plugins: tuple[PluginInfo, ...] = ()
+
+
+@attrs.frozen
+class RunResult:
+    """A whole results file."""
+
+    provenance: Provenance
+    schema_version: int = SCHEMA_VERSION
+    models: tuple[ModelResult, ...] = ()
+    run_stages: StageRecords = attrs.Factory(dict)  # run-scoped stages such as batch_search
+
+    @property
+    def ok(self) -> bool:
+        return all(model.ok for model in self.models) and all(r.status == "ok" for r in self.run_stages.values())
+
+    def model(self, name: str) -> ModelResult:
+        for model in self.models:
+            if model.name == name:
+                return model
+        raise KeyError(f"no model {name!r} in results; have {', '.join(m.name for m in self.models)}")
+
+
+def result_type(stage: str) -> type | None:
+    target = RESULT_TYPES.get(stage)
+    if target is None:
+        return None
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _structure_stage_records(data: dict[str, Any], _: Any) -> StageRecords:
+    records = {}
+    for stage, raw in data.items():
+        raw = dict(raw)
+        payload = raw.pop("result", None)
+        kind = result_type(stage)
+        result = converter.structure(payload, kind) if (payload is not None and kind is not None) else payload
+        records[stage] = attrs.evolve(converter.structure(raw, StageRecord), result=result)
+    return records
+
+
+converter.register_structure_hook_func(lambda t: t == StageRecords, _structure_stage_records)
+converter.register_unstructure_hook_func(
+    lambda t: t == StageRecords,
+    lambda records: {name: converter.unstructure(record, StageRecord) for name, record in records.items()},
+)
+
+
+def to_data(obj: Any) -> Any:
+    """Unstructure any result object to plain TOML/JSON-able data (None values dropped)."""
+    return converter.unstructure(obj)
+
+
+def dumps(run: RunResult, fmt: Literal["toml", "json"] = "toml") -> str:
+    data = to_data(run)
+    if fmt == "json":
+        return json.dumps(data, indent=2, allow_nan=False) + "\n"
+    import tomli_w
+
+    return tomli_w.dumps(data)
+
+
+def write(run: RunResult, path: Path, fmt: Literal["toml", "json"] | None = None) -> Path:
+    """Write atomically (temp file + rename) so a crash mid-write never leaves a truncated results file."""
+    fmt = fmt or format_for(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(dumps(run, fmt))
+    os.replace(tmp, path)
+    return path
+
+
+def format_for(path: Path) -> Literal["toml", "json"]:
+    return "json" if path.suffix.lower() == ".json" else "toml"
+
+
+def loads(text: str, fmt: Literal["toml", "json"] = "toml") -> RunResult:
+    data = json.loads(text) if fmt == "json" else tomllib.loads(text)
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise RpxError(f"results schema_version {version!r} is not supported by this rpx (reads {SCHEMA_VERSION})")
+    return converter.structure(data, RunResult)
+
+
+def load(path: str | Path) -> RunResult:
+    """Load a results file written by ``rpx run`` (TOML or JSON, by suffix)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise RpxError(f"{path}: no such results file") from None
+    return loads(text, format_for(path))

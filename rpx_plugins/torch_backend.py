@@ -1,0 +1,82 @@
+"""What every torch backend (cpu, cuda, mps) shares: precision -> dtype, model placement, input creation.
+
+Only imported by backend plugins; torch itself is imported inside methods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rpx_core.backends import Backend
+from rpx_core.errors import UnsupportedError
+from rpx_core.models import load_callable
+from rpx_core.spec import FLOAT_DTYPES, InputSpec, ModelSpec
+
+#: Storage dtype used to *execute* at each precision. tf32 stores fp32 and only changes how matmuls compute.
+EXECUTION_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def torch_dtype(precision: str) -> Any:
+    import torch
+
+    try:
+        return getattr(torch, EXECUTION_DTYPES[precision])
+    except KeyError:
+        raise UnsupportedError(
+            f"precision {precision!r} cannot be executed by torch backends (roofline bounds for it still work); "
+            f"executable precisions: {', '.join(EXECUTION_DTYPES)}"
+        ) from None
+
+
+def input_dtype(spec_input: InputSpec, precision: str) -> Any:
+    """Floating inputs follow the precision (an fp16 model takes fp16 activations); integer inputs keep their dtype."""
+    import torch
+
+    if spec_input.dtype in FLOAT_DTYPES and precision in EXECUTION_DTYPES:
+        return torch_dtype(precision)
+    return getattr(torch, spec_input.dtype)
+
+
+def make_tensor(spec_input: InputSpec, batch_size: int, precision: str, device: str) -> Any:
+    import torch
+
+    shape = spec_input.with_batch(batch_size).shape
+    dtype = input_dtype(spec_input, precision)
+    if device == "meta":
+        return torch.empty(shape, dtype=dtype, device="meta")
+    if dtype.is_floating_point:
+        return torch.randn(shape, dtype=dtype, device=device)
+    if dtype == torch.bool:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.randint(0, spec_input.high or 2, shape, dtype=dtype, device=device)
+
+
+def make_inputs(model: ModelSpec, batch_size: int, precision: str, device: str, base_dir: str = ".") -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Inputs from shapes, or from the model's input_factory(batch_size=, device=, dtype=)."""
+    if model.input_factory:
+        factory = load_callable(model.input_factory, base_dir, what=f"model {model.name!r} input_factory")
+        made = factory(batch_size=batch_size, device=device, dtype=torch_dtype(precision))
+        if isinstance(made, tuple) and len(made) == 2 and isinstance(made[1], dict):
+            return tuple(made[0]), dict(made[1])
+        return (tuple(made) if isinstance(made, (tuple, list)) else (made,)), {}
+    args = tuple(make_tensor(i, batch_size, precision, device) for i in model.inputs if i.name is None)
+    kwargs = {i.name: make_tensor(i, batch_size, precision, device) for i in model.inputs if i.name is not None}
+    return args, kwargs
+
+
+class TorchBackend(Backend):
+    """Base for torch backends: placement and inputs are the same everywhere, only the device differs."""
+
+    framework = "torch"
+
+    def place_model(self, model: Any, precision: str, device: str) -> Any:
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise UnsupportedError(f"backend {self.name!r} runs torch.nn.Module models, got {type(model).__name__}")
+        if precision not in self.precisions:
+            raise UnsupportedError(f"backend {self.name!r} cannot execute precision {precision!r}; it supports {', '.join(self.precisions)}")
+        return model.eval().to(device=device, dtype=torch_dtype(precision))
+
+    def make_inputs(self, model: ModelSpec, batch_size: int, precision: str, device: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return make_inputs(model, batch_size, precision, device)

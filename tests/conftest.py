@@ -1,0 +1,77 @@
+"""Shared fixtures: real plugin packages installed with pip into a throwaway folder, and spec files on disk."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE_PLUGIN = REPO / "examples" / "rpx-example-plugin"
+
+
+def pip_install_target(source: Path, target: Path) -> Path:
+    """Really install a plugin distribution (metadata, entry points and all) into ``target``, offline."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+         "--target", str(target), str(source)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
+    return target
+
+
+@pytest.fixture(scope="session")
+def example_plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder where the example plugin package is pip-installed; put it on sys.path/PYTHONPATH to activate it."""
+    return pip_install_target(EXAMPLE_PLUGIN, tmp_path_factory.mktemp("example-site"))
+
+
+def make_plugin_package(root: Path, dist: str, module: str, plugin_name: str, code: str) -> Path:
+    """Write a minimal plugin distribution (pyproject + module) to ``root`` and return its folder."""
+    package = root / dist
+    package.mkdir(parents=True)
+    (package / "pyproject.toml").write_text(textwrap.dedent(f"""
+        [build-system]
+        requires = ["setuptools>=61"]
+        build-backend = "setuptools.build_meta"
+        [project]
+        name = "{dist}"
+        version = "1.2.3"
+        [project.entry-points.rpx]
+        {plugin_name} = "{module}"
+        [tool.setuptools]
+        py-modules = ["{module}"]
+    """))
+    (package / f"{module}.py").write_text(textwrap.dedent(code))
+    return package
+
+
+def rpx_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the real ``rpx`` command in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "rpx_core.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+@pytest.fixture
+def write_spec(tmp_path: Path):
+    """Write a spec TOML file into tmp_path and return its path."""
+
+    def write(text: str, name: str = "spec.toml") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    return write

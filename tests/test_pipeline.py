@@ -1,0 +1,106 @@
+"""Stage dependency resolution and failure propagation through the real engine, with a throwaway plugin."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from rpx_core import hookimpl
+from rpx_core.api import run_spec
+from rpx_core.errors import RpxError, SpecError
+from rpx_core.plugins import Plugins
+from rpx_core.results import load
+from rpx_core.spec import spec_from_dict
+from rpx_core.stages import StageDef, resolve_order
+
+CALLS: list[tuple[str, str]] = []
+
+
+def stage(name: str, needs: tuple[str, ...] = (), fail_for: str | None = None) -> StageDef:
+    def run(ctx):
+        CALLS.append((ctx.job.model.name, name))
+        if ctx.job.model.name == fail_for:
+            raise ValueError(f"{name} broke on purpose")
+        return {"stage": name, "inputs_seen": sorted(ctx.results)}
+
+    return StageDef(name, run=run, needs=needs)
+
+
+@pytest.fixture
+def plugins():
+    plugin = types.SimpleNamespace(
+        rpx_register_stages=hookimpl(
+            lambda: [
+                stage("a"),
+                stage("b", needs=("a",), fail_for="second"),
+                stage("c", needs=("b",)),
+                stage("d"),
+            ]
+        )
+    )
+    loaded = Plugins.load()
+    loaded.register(plugin, "throwaway")
+    CALLS.clear()
+    yield loaded
+    loaded.unregister("throwaway")
+
+
+def two_models(stages: list[str]) -> dict:
+    model = {"source": "torch.nn:Identity", "inputs": [{"shape": [1, 2]}]}
+    return {"stages": stages, "models": [{"name": "first", **model}, {"name": "second", **model}]}
+
+
+def test_dependencies_come_first_and_are_pulled_in(plugins):
+    registry = plugins.stages()
+    assert resolve_order(["c", "d"], registry) == ["a", "b", "c", "d"]
+    assert resolve_order(["d", "a", "c"], registry) == ["d", "a", "b", "c"]
+
+
+def test_unknown_stage_and_cycles_are_errors(plugins):
+    with pytest.raises(RpxError, match="unknown stage 'zz'.*Choose one of"):
+        resolve_order(["zz"], plugins.stages())
+    cyclic = {"x": StageDef("x", run=print, needs=("y",)), "y": StageDef("y", run=print, needs=("x",))}
+    with pytest.raises(RpxError, match="cycle: x -> y -> x"):
+        resolve_order(["x"], cyclic)
+
+
+def test_failure_skips_dependants_only_and_other_models_still_run(plugins, tmp_path):
+    output = tmp_path / "out.toml"
+    run = run_spec(spec_from_dict(two_models(["c", "d"])), plugins=plugins, output=output)
+    first, second = run.models
+    assert first.ok and {name: r.status for name, r in first.stages.items()} == dict.fromkeys("abcd", "ok")
+    statuses = {name: r.status for name, r in second.stages.items()}
+    assert statuses == {"a": "ok", "b": "failed", "c": "skipped", "d": "ok"}
+    assert second.stages["b"].error == "ValueError: b broke on purpose"
+    assert "needs b" in second.stages["c"].error
+    assert ("second", "c") not in CALLS and ("second", "d") in CALLS
+    assert not run.ok
+    # results reached the file, failures included; the stage that produced each result is named
+    on_disk = load(output)
+    assert on_disk.model("second").stages["d"].status == "ok"
+    assert on_disk.model("first").stages["c"].result == {"stage": "c", "inputs_seen": ["a", "b"]}
+    assert on_disk.model("first").stages["a"].provided_by == "throwaway"
+
+
+def test_results_already_measured_survive_an_interrupt(plugins, tmp_path):
+    def interrupt(ctx):
+        raise KeyboardInterrupt
+
+    plugin = types.SimpleNamespace(rpx_register_stages=hookimpl(lambda: [StageDef("stop", run=interrupt, needs=("a",))]))
+    plugins.register(plugin, "interrupter")
+    output = tmp_path / "out.toml"
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_spec(spec_from_dict(two_models(["stop"])), plugins=plugins, output=output)
+    finally:
+        plugins.unregister("interrupter")
+    saved = load(output).model("first")
+    assert saved.stages["a"].status == "ok" and saved.finished is not None
+
+
+def test_unknown_option_for_a_stage_is_rejected(plugins):
+    spec = spec_from_dict({**two_models(["a"]), "options": {"a": {"x": 1}}}, where="s.toml")
+    with pytest.raises(SpecError, match="options.a: stage 'a' takes no options"):
+        run_spec(spec, plugins=plugins, output=None)
