@@ -97,6 +97,11 @@ class Backend:
         """Create ``model``'s inputs at ``batch_size`` on ``device``: positional args and keyword args."""
         raise NotImplementedError(f"backend {self.name!r} cannot create inputs")
 
+    def call_model(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One forward call, the unit that latency measures. Runtimes with lazy results (JAX) block on them here;
+        torch backends run under inference mode. The timer's synchronisation covers queued device work."""
+        return model(*args, **kwargs)
+
     def synchronize(self, device: str) -> None:
         """Block until all queued work on ``device`` finished (no-op for synchronous runtimes)."""
 

@@ -1,0 +1,1 @@
+"""An example third-party rpx plugin; see plugin.py."""

@@ -1,0 +1,93 @@
+"""Tier 3 types: what ``measure_latency`` is asked to do (options) and what it measured (results).
+
+Every time is milliseconds (suffix ``_ms``) or seconds (suffix ``_seconds``/``seconds``) of the backend's clock; every
+percentile uses the method named in ``percentile_method`` (see :mod:`rpx_core.stats`). Figures that could not be
+claimed are absent (None, dropped from TOML) and listed, never zero.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from rpx_core.backends import MemoryPeak
+
+
+def _positive(_: object, attribute: attrs.Attribute, value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"must be > 0, got {value}")
+
+
+def _non_negative(_: object, attribute: attrs.Attribute, value: float) -> None:
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value}")
+
+
+@attrs.frozen
+class LatencyOptions:
+    """The spec's ``[options.measure_latency]`` table. Warm-up ends only when both its count and its time are met."""
+
+    #: Untimed calls before measuring, at every batch size (first calls pay for allocation, compilation, autotuning).
+    warmup_calls: int = attrs.field(default=10, validator=_non_negative)
+    #: ... and at least this many seconds of them.
+    warmup_seconds: float = attrs.field(default=0.5, validator=_non_negative)
+    #: Timed batch-1 calls wanted; 662 is MLPerf's minimum to claim p99 (130 for p95, 64 for p90).
+    min_samples: int = attrs.field(default=662, validator=_positive)
+    #: Stop sampling after this many seconds even if ``min_samples`` is not reached (the result then lists the
+    #: percentiles it cannot claim). At least one sample is always taken.
+    max_seconds: float = attrs.field(default=10.0, validator=_positive)
+    #: Timed seconds aimed for per throughput batch size (the call count is set from the warm-up's median call time).
+    throughput_seconds: float = attrs.field(default=1.0, validator=_positive)
+    #: ... but never fewer calls than this.
+    throughput_min_calls: int = attrs.field(default=10, validator=_positive)
+    #: Write every latency sample (ms) to the results.
+    keep_samples: bool = False
+    #: Spread (IQR / median) above which the result carries a noisy-machine warning.
+    noise_threshold: float = attrs.field(default=0.1, validator=_positive)
+
+
+@attrs.frozen
+class ThroughputResult:
+    """Samples per second at one batch size: ``calls`` back-to-back calls timed as one region (one synchronisation at
+    the end), so asynchronous devices overlap calls as they would in a serving loop. Not a latency."""
+
+    batch_size: int
+    calls: int | None = None  # timed calls (after warm-up); None when this batch size could not run
+    seconds: float | None = None  # elapsed seconds of the whole region, backend clock
+    samples_per_s: float | None = None  # calls * batch_size / seconds
+    peak_memory: MemoryPeak | None = None  # peak of the timed region at this batch size
+    error: str | None = None  # why there is no figure (e.g. out of memory)
+
+
+@attrs.frozen
+class LatencyResult:
+    """Per-call latency at batch 1 (``measured_batch_size``), throughput per batch size, and peak memory.
+
+    Percentiles use linear interpolation (``numpy.percentile method='linear'``), not MLPerf's floor(n*p) order
+    statistic; a percentile is reported only with enough samples to claim it (64 for p90, 130 for p95, 662 for p99).
+    """
+
+    percentile_method: str
+    clock: str  # how each call was timed ("perf_counter", "cuda events", ...), synchronised on both ends
+    samples_count: int  # timed batch-1 calls
+    sampling_seconds: float  # host wall time spent taking them
+    stopped_by: str  # "min_samples" (enough samples) or "max_seconds" (time cap reached first)
+    p50_ms: float  # median of the per-call samples
+    mean_ms: float
+    std_ms: float  # population standard deviation (ddof=0)
+    min_ms: float
+    max_ms: float
+    iqr_ms: float  # p75 - p25, linear interpolation
+    spread: float  # iqr_ms / p50_ms (dimensionless)
+    warmup_calls: int  # untimed batch-1 calls actually made before sampling
+    warmup_seconds: float  # host wall time they took
+    peak_memory: MemoryPeak  # peak of the timed batch-1 region (after warm-up), as the backend measures it
+    p90_ms: float | None = None  # None when fewer than 64 samples
+    p95_ms: float | None = None  # None when fewer than 130 samples
+    p99_ms: float | None = None  # None when fewer than 662 samples
+    unclaimed_percentiles: tuple[str, ...] = ()  # e.g. ("p99",): too few samples to claim them
+    noisy_warning: str | None = None  # set when spread exceeds the noise threshold
+    threads: dict[str, int] = attrs.Factory(dict)  # runtime thread settings in effect (e.g. torch intra/inter-op)
+    throughput: tuple[ThroughputResult, ...] = ()  # one per batch size of the job, in the job's order
+    samples_ms: tuple[float, ...] | None = None  # every sample in order, when keep_samples = true
+    measured_batch_size: int = 1  # latency is always per call at batch 1
+    system_summary: str | None = None  # the system card's one-line summary, when system_card ran

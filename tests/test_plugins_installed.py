@@ -1,0 +1,133 @@
+"""Plugin loading rules, proven with plugin distributions really installed by pip and discovered by entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rpx_core.api import run_spec
+from rpx_core.errors import PluginError
+from rpx_core.plugins import Plugins, PluginLoadWarning
+from rpx_core.spec import spec_from_dict
+from tests.conftest import make_plugin_package, pip_install_target, rpx_cli
+
+MODEL = {"name": "lin", "source": "torch.nn:Linear", "kwargs": {"in_features": 16, "out_features": 8},
+         "inputs": [{"shape": [1, 16]}]}
+
+
+def env_with(*sites: Path) -> dict[str, str]:
+    return {"PYTHONPATH": ":".join(str(site) for site in sites)}
+
+
+@pytest.fixture
+def with_example(example_plugin_site, monkeypatch):
+    monkeypatch.syspath_prepend(str(example_plugin_site))
+    return example_plugin_site
+
+
+def test_rpx_plugins_lists_the_installed_plugin_with_version_and_hooks(example_plugin_site):
+    done = rpx_cli("plugins", "--json", env=env_with(example_plugin_site))
+    assert done.returncode == 0, done.stderr
+    example = next(info for info in json.loads(done.stdout) if info["name"] == "example")
+    assert example["distribution"] == "rpx-example-plugin" and example["version"] == "0.3.0"
+    assert example["builtin"] is False and example["status"] == "loaded"
+    assert set(example["hooks"]) == {"rpx_register_backends", "rpx_count_params", "rpx_register_gpu_packs", "rpx_register_stages"}
+
+
+def test_plugin_gpu_pack_is_listed_by_rpx_gpus(example_plugin_site):
+    done = rpx_cli("gpus", env=env_with(example_plugin_site))
+    assert done.returncode == 0, done.stderr
+    a10 = next(line for line in done.stdout.splitlines() if line.startswith("A10 "))
+    assert "example-ampere" in a10 and "600.0" in a10
+
+
+def test_stage_override_applies_to_its_backend_only_and_new_stage_runs(with_example):
+    plugins = Plugins.load()
+    spec = {"models": [MODEL], "stages": ["weights_report"], "options": {"weights_report": {"unit": "MB"}}}
+    own = run_spec(spec_from_dict({**spec, "backend": "cpu-1thread"}), plugins=plugins, output=None).model("lin")
+    builtin = run_spec(spec_from_dict({**spec, "backend": "cpu"}), plugins=plugins, output=None).model("lin")
+    assert own.stages["count_params"].provided_by == "example"
+    assert builtin.stages["count_params"].provided_by == "params"
+    # both implementations agree: 16*8 weights + 8 biases = 136 parameters, 544 bytes at fp32
+    assert own.result("count_params").total == builtin.result("count_params").total == 16 * 8 + 8
+    assert own.result("weights_report") == {"unit": "MB", "weights": 136 * 4 / 1e6, "precision": "fp32"}
+    assert own.stages["weights_report"].provided_by == "example"
+
+
+def test_plugin_stage_options_are_validated(with_example):
+    spec = spec_from_dict({"models": [MODEL], "stages": ["weights_report"], "options": {"weights_report": {"unti": "MB"}}},
+                          where="s.toml")
+    with pytest.raises(Exception, match=r"s.toml: options.weights_report: unknown key 'unti'; did you mean 'unit'\?"):
+        run_spec(spec, plugins=Plugins.load(), output=None)
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_disabling_the_plugin_removes_everything_it_registered(example_plugin_site, write_spec, how):
+    spec = write_spec('backend = "cpu-1thread"\nstages = ["count_params"]\n[[models]]\nname = "m"\nsource = "torch.nn:Identity"\n'
+                      'inputs = [{ shape = [1, 2] }]\n')
+    env = env_with(example_plugin_site)
+    args = ["--disable", "example"] if how == "flag" else []
+    if how == "env":
+        env["RPX_DISABLE_PLUGINS"] = "example"
+    listing = rpx_cli(*args, "plugins", "--json", env=env)
+    assert next(i for i in json.loads(listing.stdout) if i["name"] == "example")["status"] == "disabled"
+    done = rpx_cli(*args, "validate", str(spec), env=env)
+    assert done.returncode == 2
+    assert "backend 'cpu-1thread' not recognized. Choose one of: cpu" in done.stderr
+
+
+def test_builtin_plugins_can_be_disabled_like_any_other(write_spec):
+    spec = write_spec('stages = ["system_card"]\n[[models]]\nname = "m"\nsource = "torch.nn:Identity"\ninputs = [{ shape = [1] }]\n')
+    done = rpx_cli("--disable", "system-card", "run", str(spec), "-o", str(spec.with_suffix(".out.toml")))
+    assert done.returncode == 1
+    assert "no installed plugin implements stage 'system_card'" in done.stdout + done.stderr
+
+
+def test_broken_plugin_warns_once_and_strict_mode_refuses(tmp_path):
+    package = make_plugin_package(tmp_path / "src", "rpx-broken", "rpx_broken", "broken",
+                                  "raise ImportError('needs libfoo')\n")
+    site = pip_install_target(package, tmp_path / "site")
+    done = rpx_cli("plugins", env=env_with(site))
+    assert done.returncode == 0
+    warning = [line for line in done.stderr.splitlines() if line.startswith("rpx: warning:")]
+    assert len(warning) == 1
+    assert "plugin 'broken' (rpx-broken 1.2.3) failed to import: ImportError: needs libfoo" in warning[0]
+    strict = rpx_cli("--strict-plugins", "plugins", env=env_with(site))
+    assert strict.returncode == 2 and "rpx: error: plugin 'broken' (rpx-broken 1.2.3) failed to import" in strict.stderr
+
+
+def test_misspelled_hook_is_an_error_with_a_suggestion(tmp_path, monkeypatch):
+    package = make_plugin_package(tmp_path / "src", "rpx-typo", "rpx_typo", "typo",
+                                  "from rpx_core import hookimpl\n\n@hookimpl\ndef rpx_count_flop(ctx):\n    return None\n")
+    monkeypatch.syspath_prepend(str(pip_install_target(package, tmp_path / "site")))
+    with pytest.raises(PluginError, match="plugin 'typo': 'rpx_count_flop' is not an rpx hook; did you mean 'rpx_count_flops'"):
+        Plugins.load()
+
+
+def test_backend_name_clash_names_both_providers_unless_the_spec_chooses(tmp_path, monkeypatch):
+    code = """
+        from rpx_core import hookimpl
+        from rpx_plugins.cpu_backend import CpuBackend
+
+        @hookimpl
+        def rpx_register_backends():
+            return [CpuBackend()]
+    """
+    package = make_plugin_package(tmp_path / "src", "rpx-clash", "rpx_clash", "clash", code)
+    monkeypatch.syspath_prepend(str(pip_install_target(package, tmp_path / "site")))
+    plugins = Plugins.load()
+    spec = {"models": [MODEL], "stages": ["count_params"]}
+    with pytest.raises(PluginError) as info:
+        run_spec(spec_from_dict(spec), plugins=plugins, output=None)
+    message = str(info.value)
+    assert "backend 'cpu' is registered by plugin" in message
+    assert "plugin 'cpu' (rpx 0.1.0)" in message and "plugin 'clash' (rpx-clash 1.2.3)" in message
+    chosen = run_spec(spec_from_dict({**spec, "choose": {"backends": {"cpu": "clash"}}}), plugins=plugins, output=None)
+    assert chosen.model("lin").ok
+
+
+def test_unknown_plugin_to_disable_is_a_warning():
+    with pytest.warns(PluginLoadWarning, match="cannot disable unknown plugin"):
+        Plugins.load(["no-such-plugin"])

@@ -1,0 +1,73 @@
+"""Results files: TOML and JSON round-trips (property-based), None omitted, schema version checked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rpx_core.errors import RpxError
+from rpx_core.results import ModelResult, PluginInfo, Provenance, RunResult, StageRecord, dumps, load, loads, write
+
+names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_-", min_size=1, max_size=12)
+finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
+scalars = st.one_of(st.integers(-(2**62), 2**62), finite, st.text(max_size=20), st.booleans())
+payloads = st.dictionaries(names, st.one_of(scalars, st.lists(st.integers(0, 10**12), max_size=4)), max_size=4)
+
+records = st.builds(
+    StageRecord,
+    status=st.sampled_from(["ok", "failed", "skipped"]),
+    seconds=st.one_of(st.none(), finite),
+    error=st.one_of(st.none(), st.text(max_size=30)),
+    result=st.one_of(st.none(), payloads),
+)
+models = st.builds(
+    ModelResult,
+    name=names,
+    source=st.just("pkg.mod:fn"),
+    backend=st.just("cpu"),
+    device=st.just("cpu"),
+    precision=st.sampled_from(["fp32", "bf16"]),
+    started=st.just("2026-01-01T00:00:00+00:00"),
+    finished=st.one_of(st.none(), st.just("2026-01-01T00:00:01+00:00")),
+    stages=st.dictionaries(names, records, max_size=3),
+    summary=st.dictionaries(names, st.one_of(finite, st.text(max_size=10)), max_size=3),
+)
+runs = st.builds(
+    RunResult,
+    provenance=st.builds(
+        Provenance,
+        rpx_version=st.just("0.1.0"),
+        python=st.just("3.11"),
+        created=st.just("2026-01-01T00:00:00+00:00"),
+        spec_hash=st.text(alphabet="0123456789abcdef", min_size=16, max_size=16),
+        spec=payloads,
+        plugins=st.lists(st.builds(PluginInfo, name=names, distribution=names, version=st.just("1.0"),
+                                   builtin=st.booleans(), status=st.just("loaded")), max_size=2).map(tuple),
+    ),
+    models=st.lists(models, max_size=3, unique_by=lambda m: m.name).map(tuple),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(runs, st.sampled_from(["toml", "json"]))
+def test_round_trip(run, fmt):
+    assert loads(dumps(run, fmt), fmt) == run
+
+
+def test_none_is_omitted_and_files_round_trip(tmp_path):
+    run = RunResult(Provenance("0.1.0", "3.11", "now", "0" * 16, {}), models=(
+        ModelResult("m", "a:b", "cpu", "cpu", "fp32", "now", stages={"x": StageRecord("ok", result={"v": 1})}),))
+    text = dumps(run, "toml")
+    assert "finished" not in text and "error" not in text
+    for suffix in ("toml", "json"):
+        path = write(run, tmp_path / f"r.{suffix}")
+        assert load(path) == run
+    assert json.loads((tmp_path / "r.json").read_text())["schema_version"] == 1
+
+
+def test_unknown_schema_version_is_refused():
+    with pytest.raises(RpxError, match="schema_version 99 is not supported"):
+        loads("schema_version = 99\n")
