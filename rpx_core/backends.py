@@ -7,6 +7,7 @@ torch; concrete backends import their runtime inside methods so ``rpx backends``
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
 
 #: Every precision rpx knows. Execution support is per backend; roofline peaks are per GPU.
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+#: Bytes one floating-point element takes at each precision: tf32 is stored as fp32, fp8 and int8 in one byte.
+BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 
 
 @attrs.frozen
@@ -45,6 +48,8 @@ class MemoryPeak:
 
 class Timer:
     """A host monotonic clock with synchronisation on both ends; backends with device events override it."""
+
+    clock: ClassVar[str] = "time.perf_counter, synchronize() before start and stop"  # recorded with every measurement
 
     def __init__(self, synchronize: Callable[[], None]) -> None:
         self._synchronize = synchronize
@@ -87,6 +92,10 @@ class Backend:
     def default_device(self) -> str:
         return self.name
 
+    def device_name(self, device: str) -> str | None:
+        """The accelerator's marketing name (e.g. "NVIDIA H100 80GB HBM3") so a GPU spec can be matched; None for hosts."""
+        return None
+
     def place_model(self, model: Any, precision: str, device: str) -> Any:
         """Move/cast the model for execution at ``precision`` on ``device``; return the placed model."""
         raise NotImplementedError(f"backend {self.name!r} cannot place models")
@@ -96,6 +105,10 @@ class Backend:
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Create ``model``'s inputs at ``batch_size`` on ``device``: positional args and keyword args."""
         raise NotImplementedError(f"backend {self.name!r} cannot create inputs")
+
+    def inference_context(self) -> contextlib.AbstractContextManager:
+        """Entered once around all timed calls (torch: ``torch.inference_mode()``), not per call: entering costs ~1 us."""
+        return contextlib.nullcontext()
 
     def call_model(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One forward call, the unit that latency measures. Runtimes with lazy results (JAX) block on them here;

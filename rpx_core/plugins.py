@@ -183,7 +183,8 @@ class Plugins:
         packs = []
         for impl in reversed(self._pm.hook.rpx_register_gpu_packs.get_hookimpls()):
             for path in impl.function() or ():
-                packs.append(load_pack(Path(path), provider=self._provider(impl.plugin_name)))
+                path = Path(path) if isinstance(path, str) else path  # Path or importlib.resources Traversable
+                packs.append(load_pack(path, provider=self._provider(impl.plugin_name)))
         packs.extend(load_pack(Path(path), provider="user file") for path in extra_packs)
         return GPUCatalog(packs, choose=choose.gpus if choose else {})
 

@@ -83,7 +83,7 @@ class Choices:
 
 @attrs.frozen
 class Spec:
-    """A whole ``spec.toml``. Relative paths are resolved against the spec file's folder."""
+    """A whole ``spec.toml``. Relative model files and GPU packs are resolved against the spec file's folder."""
 
     models: tuple[ModelSpec, ...]
     name: str = "rpx"
@@ -94,7 +94,8 @@ class Spec:
     batch_sizes: tuple[int, ...] = (1,)  # throughput is measured at each; latency always at batch 1
     gpus: tuple[str, ...] = ()  # GPU names to compute rooflines for; ["all"] for every known GPU
     gpu_packs: tuple[str, ...] = ()  # extra GPU pack TOML files
-    output: str = "rpx-results/{name}.toml"  # ``{name}`` is the spec name; the suffix picks TOML or JSON
+    #: Results file, relative to the working directory; ``{name}`` is the spec name; the suffix picks TOML or JSON.
+    output: str = "rpx-results/{name}.toml"
     options: dict[str, dict[str, Any]] = attrs.Factory(dict)  # per-stage options, checked against the stage's options
     choose: Choices = attrs.Factory(Choices)
     on_unavailable: Literal["error", "skip"] = "error"  # what to do when the backend is not available here
@@ -102,8 +103,7 @@ class Spec:
     base_dir: str = "."  # set by load_spec; not read from the file
 
     def output_path(self) -> Path:
-        path = Path(self.output.format(name=self.name))
-        return path if path.is_absolute() else Path(self.base_dir) / path
+        return Path(self.output.format(name=self.name))
 
     def digest(self) -> str:
         """A stable hash of the spec's content, recorded with every result."""

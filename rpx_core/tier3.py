@@ -14,12 +14,12 @@ from rpx_core.backends import MemoryPeak
 
 def _positive(_: object, attribute: attrs.Attribute, value: float) -> None:
     if value <= 0:
-        raise ValueError(f"must be > 0, got {value}")
+        raise ValueError(f"{attribute.name} must be > 0, got {value}")
 
 
 def _non_negative(_: object, attribute: attrs.Attribute, value: float) -> None:
     if value < 0:
-        raise ValueError(f"must be >= 0, got {value}")
+        raise ValueError(f"{attribute.name} must be >= 0, got {value}")
 
 
 @attrs.frozen

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 
-from rpx_core.backends import Availability, Backend
+from rpx_core.backends import Availability, Backend, MemoryPeak
 from rpx_core.hookspecs import hookimpl
+from rpx_plugins.host_memory import HostPeakTracker, is_host_out_of_memory
 from rpx_plugins.torch_backend import TorchBackend
 
 
@@ -13,6 +14,9 @@ class CpuBackend(TorchBackend):
     name = "cpu"
     description = "PyTorch on the host CPU"
     precisions = ("fp32", "bf16", "fp16")
+
+    def __init__(self) -> None:
+        self._peak = HostPeakTracker()
 
     def probe(self) -> Availability:
         # find_spec, not import: the probe must stay cheap for `rpx backends`.
@@ -22,6 +26,16 @@ class CpuBackend(TorchBackend):
 
     def default_device(self) -> str:
         return "cpu"
+
+    def reset_peak_memory(self, device: str) -> None:
+        """Start a region whose peak RSS ``read_peak_memory`` reports (see rpx_plugins.host_memory)."""
+        self._peak.reset()
+
+    def read_peak_memory(self, device: str) -> MemoryPeak:
+        return self._peak.read()
+
+    def is_out_of_memory(self, exc: BaseException) -> bool:
+        return is_host_out_of_memory(exc)
 
 
 @hookimpl

@@ -28,7 +28,21 @@ def _stage(name: str, description: str, needs: tuple[str, ...] = (), options: ty
 
 @hookimpl
 def rpx_register_stages() -> list[StageDef]:
+    from rpx_core.batching import BatchSearchOptions
+    from rpx_core.tier1 import CountOptions
+    from rpx_core.tier2 import RooflineOptions
+    from rpx_core.tier3 import LatencyOptions
+
     return [
         _stage("count_params", "parameters, buffers and their bytes at the spec's precision"),
+        _stage("count_flops", "FLOPs and MACs of one pass, per operator and module", options=CountOptions),
+        _stage("estimate_traffic", "bytes moved (unfused and fused bounds) and peak activation memory",
+               needs=("count_flops",)),
+        _stage("roofline", "lower-bound latency per GPU and precision", needs=("count_flops", "estimate_traffic"),
+               options=RooflineOptions),
         _stage("system_card", "the machine and run settings (OS, CPU, RAM, accelerators, library versions)"),
+        _stage("measure_latency", "latency percentiles at batch 1, throughput per batch size, peak memory",
+               needs=("system_card",), options=LatencyOptions),
+        _stage("batch_search", "best batch sizes for a pipeline of models under a memory budget",
+               options=BatchSearchOptions, scope="run"),
     ]

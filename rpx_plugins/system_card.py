@@ -1,31 +1,66 @@
-"""The built-in ``system_card`` stage: facts about this machine, collected once per process, plus the job's settings."""
+"""The built-in ``system_card`` stage: facts about this machine, collected once per process, plus the job's settings.
+
+Runtimes are consulted only when the job uses them or they are already loaded: importing torch costs seconds, and
+initialising JAX on a GPU would reserve most of its memory before anything is measured. NVML (``pip install
+nvidia-ml-py``, imported as ``pynvml``) is optional; without it the driver version, clocks and power limits are
+omitted and the card's ``gaps`` says so.
+"""
 
 from __future__ import annotations
 
 import functools
 import importlib.metadata
+import os
 import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import attrs
 
 from rpx_core.context import StageContext
 from rpx_core.hookspecs import hookimpl
-from rpx_core.system import SystemCard
+from rpx_core.system import AcceleratorCard, SystemCard
 
 FRAMEWORKS = ("torch", "numpy", "jax", "jaxlib", "flax")
+THREAD_ENVIRONMENT = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+GOVERNOR = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
+CPUINFO = Path("/proc/cpuinfo")
+#: NVML clock event ("throttle") reason bits, as nvml.h defines nvmlClocksEventReason* / nvmlClocksThrottleReason*.
+NVML_CLOCK_EVENT_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+# -- host ----------------------------------------------------------------------------------------------------------------
+
+
+def cpuinfo_values(*keys: str) -> list[str]:
+    """Values of the given keys in /proc/cpuinfo, one per matching line (empty where the file does not exist)."""
+    if not CPUINFO.exists():
+        return []
+    values = []
+    for line in CPUINFO.read_text(errors="replace").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in keys and value.strip():
+            values.append(value.strip())
+    return values
 
 
 def cpu_model_name() -> str:
     """The CPU's marketing name: /proc/cpuinfo on Linux, sysctl on macOS, platform.processor() elsewhere."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("model name", "Model", "Hardware") and value.strip():
-                return value.strip()
+    names = cpuinfo_values("model name", "Model", "Hardware")
+    if names:
+        return names[0]
     if sys.platform == "darwin":
         try:
             return subprocess.run(
@@ -34,6 +69,32 @@ def cpu_model_name() -> str:
         except (OSError, subprocess.SubprocessError):
             pass
     return platform.processor() or platform.machine()
+
+
+def cpu_sockets() -> int | None:
+    """Distinct physical package ids in /proc/cpuinfo; None where it does not say."""
+    ids = set(cpuinfo_values("physical id"))
+    return len(ids) or None
+
+
+def cpu_governor() -> str | None:
+    try:
+        return GOVERNOR.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def cpu_frequency_mhz() -> tuple[float | None, float | None]:
+    """(nominal maximum, current) in MHz from psutil; a value the OS reports as 0 is unknown, not zero."""
+    import psutil
+
+    try:
+        frequency = psutil.cpu_freq()
+    except (OSError, NotImplementedError):  # some VMs and containers expose no cpufreq at all
+        return None, None
+    if frequency is None:
+        return None, None
+    return (frequency.max or None), (round(frequency.current, 1) or None)
 
 
 def framework_versions() -> dict[str, str]:
@@ -46,20 +107,211 @@ def framework_versions() -> dict[str, str]:
     return versions
 
 
+def runtime_threads() -> dict[str, int]:
+    """Thread settings of runtimes already loaded (never imports one): torch intra-op and inter-op pools."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    return {"torch_intra_op": torch.get_num_threads(), "torch_inter_op": torch.get_num_interop_threads()}
+
+
+def thread_environment() -> dict[str, str]:
+    return {name: os.environ[name] for name in THREAD_ENVIRONMENT if name in os.environ}
+
+
+def uses(runtime: str, framework: str | None) -> bool:
+    """Whether the card may consult ``runtime``: the job's framework, or already imported by someone else."""
+    return framework == runtime or runtime in sys.modules
+
+
+# -- accelerators --------------------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Accelerators:
+    cards: tuple[AcceleratorCard, ...] = ()
+    probed: bool = False  # False when no runtime or NVML was asked, so "no accelerator" is unknown rather than known
+    cuda_version: str | None = None
+    cudnn_version: str | None = None
+    driver_version: str | None = None
+    gaps: tuple[str, ...] = ()
+
+
+def decode_clock_event_reasons(mask: int) -> tuple[str, ...]:
+    """NVML's clock event bitmask as names; unknown bits are kept as hex so nothing is silently dropped."""
+    names = [name for bit, name in NVML_CLOCK_EVENT_REASONS.items() if mask & bit]
+    unknown = mask & ~sum(NVML_CLOCK_EVENT_REASONS)
+    if unknown:
+        names.append(f"unknown_0x{unknown:x}")
+    return tuple(names)
+
+
+def normalize_uuid(uuid: Any) -> str:
+    text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    return text.lower().removeprefix("gpu-")
+
+
+def torch_accelerators() -> Accelerators:
+    """CUDA devices (and the versions torch was built with) and the MPS device, as torch sees them."""
+    import torch
+
+    cards = []
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            uuid = getattr(props, "uuid", None)
+            cards.append(
+                AcceleratorCard(
+                    kind="cuda",
+                    index=index,
+                    name=props.name,
+                    memory_capacity_gb=round(props.total_memory / 1e9, 2),
+                    compute_capability=f"{props.major}.{props.minor}",
+                    multiprocessor_count=props.multi_processor_count,
+                    uuid=normalize_uuid(uuid) if uuid is not None else None,
+                )
+            )
+    if torch.backends.mps.is_available():
+        memory = torch.mps.recommended_max_memory() / 1e9
+        cards.append(AcceleratorCard(kind="mps", index=0, name=f"{cpu_model_name()} GPU", memory_capacity_gb=round(memory, 2)))
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return Accelerators(tuple(cards), True, torch.version.cuda, str(cudnn) if cudnn else None)
+
+
+def nvml_device(pynvml: Any, handle: Any) -> dict[str, Any]:
+    """AcceleratorCard fields NVML knows for one device; a query the device refuses leaves its field out."""
+
+    def query(function: str, *args: Any) -> Any:
+        try:
+            return getattr(pynvml, function)(handle, *args)
+        except (pynvml.NVMLError, AttributeError):
+            return None
+
+    fields: dict[str, Any] = {
+        "uuid": query("nvmlDeviceGetUUID"),
+        "name": query("nvmlDeviceGetName"),
+        "sm_clock_max_mhz": query("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_SM),
+        "sm_clock_mhz": query("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_SM),
+        "memory_clock_max_mhz": query("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_MEM),
+    }
+    memory = query("nvmlDeviceGetMemoryInfo")
+    capability = query("nvmlDeviceGetCudaComputeCapability")
+    power_mw = query("nvmlDeviceGetEnforcedPowerLimit")
+    reasons = query("nvmlDeviceGetCurrentClocksEventReasons")
+    if reasons is None:  # nvidia-ml-py before 12.535 only has the older name
+        reasons = query("nvmlDeviceGetCurrentClocksThrottleReasons")
+    fields.update(
+        memory_capacity_gb=round(memory.total / 1e9, 2) if memory is not None else None,
+        compute_capability=f"{capability[0]}.{capability[1]}" if capability is not None else None,
+        power_limit_w=power_mw / 1000 if power_mw is not None else None,
+        clock_event_reasons=decode_clock_event_reasons(reasons) if reasons is not None else None,
+    )
+    if isinstance(fields["name"], bytes):
+        fields["name"] = fields["name"].decode()
+    if fields["uuid"] is not None:
+        fields["uuid"] = normalize_uuid(fields["uuid"])
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def nvml_devices() -> tuple[str | None, list[dict[str, Any]], str | None]:
+    """(driver version, per-device fields in NVML order, why NVML could not be read or None)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None, [], "nvidia-ml-py is not installed (pip install nvidia-ml-py): driver version, clocks and power limits omitted"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return None, [], f"NVML could not start: {exc}"
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        devices = [nvml_device(pynvml, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+    finally:
+        pynvml.nvmlShutdown()
+    return (driver.decode() if isinstance(driver, bytes) else driver), devices, None
+
+
+def with_nvml(found: Accelerators) -> Accelerators:
+    """Add NVML's driver version, clocks and power limits, matching devices by UUID (CUDA and NVML order may differ)."""
+    driver, devices, problem = nvml_devices()
+    if problem is not None:
+        needed = any(card.kind == "cuda" for card in found.cards)
+        return attrs.evolve(found, gaps=(*found.gaps, problem)) if needed else found
+    by_uuid = {device.get("uuid"): device for device in devices}
+    if not found.probed:  # no CUDA runtime asked: NVML's own list, in NVML's order
+        cards = tuple(AcceleratorCard(kind="cuda", index=i, **fields) for i, fields in enumerate(devices) if "name" in fields)
+        return attrs.evolve(found, cards=cards, probed=True, driver_version=driver)
+    extra = ("sm_clock_max_mhz", "sm_clock_mhz", "memory_clock_max_mhz", "power_limit_w", "clock_event_reasons")
+    cards = []
+    for card in found.cards:
+        nvml = by_uuid.get(card.uuid, {}) if card.kind == "cuda" else {}
+        cards.append(attrs.evolve(card, **{key: nvml[key] for key in extra if key in nvml}))
+    return attrs.evolve(found, cards=tuple(cards), driver_version=driver)
+
+
+def accelerators(framework: str | None) -> Accelerators:
+    found = with_nvml(torch_accelerators() if uses("torch", framework) else Accelerators())
+    if not found.probed:
+        reason = "accelerators: not probed (torch is neither the job's framework nor loaded, and NVML is unavailable)"
+        return attrs.evolve(found, gaps=(*found.gaps, reason))
+    return found
+
+
+def jax_devices(framework: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """("platform:id device_kind" per JAX device, gaps); JAX only when the job uses it or it is already loaded."""
+    if not uses("jax", framework):
+        return (), ()
+    try:
+        import jax
+
+        return tuple(f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()), ()
+    except Exception as exc:  # a broken JAX install must not lose the rest of the card
+        return (), (f"JAX devices could not be listed: {type(exc).__name__}: {exc}",)
+
+
+# -- the card ------------------------------------------------------------------------------------------------------------
+
+
+def host_gaps(governor: str | None, max_mhz: float | None) -> tuple[str, ...]:
+    gaps = []
+    if governor is None:
+        gaps.append("CPU frequency governor: not exposed by this OS or VM (no cpufreq scaling_governor)")
+    if max_mhz is None:
+        gaps.append("CPU maximum frequency: not reported by the OS")
+    return tuple(gaps)
+
+
 @functools.cache
-def machine_card() -> SystemCard:
-    """The job-independent part, collected once per process."""
+def machine_card(framework: str | None = None) -> SystemCard:
+    """The job-independent part, collected once per process (per framework asked for)."""
     import psutil
 
+    governor = cpu_governor()
+    max_mhz, current_mhz = cpu_frequency_mhz()
+    found = accelerators(framework)
+    jax_listed, jax_gaps = jax_devices(framework)
     return SystemCard(
         operating_system=platform.platform(),
         python_version=platform.python_version(),
         host_processor_model_name=cpu_model_name(),
         host_processor_architecture=platform.machine(),
+        host_processors_per_node=cpu_sockets(),
         host_processor_core_count=psutil.cpu_count(logical=False),
         host_processor_thread_count=psutil.cpu_count(logical=True),
+        host_processor_frequency_mhz=max_mhz,
+        host_processor_frequency_current_mhz=current_mhz,
+        host_processor_governor=governor,
         host_memory_capacity_gb=round(psutil.virtual_memory().total / 1e9, 2),
         framework_versions=framework_versions(),
+        cuda_version=found.cuda_version,
+        cudnn_version=found.cudnn_version,
+        accelerator_driver_version=found.driver_version,
+        accelerator_model_name=", ".join(dict.fromkeys(card.name for card in found.cards)) or None,
+        accelerators_per_node=len(found.cards) if found.probed else None,
+        accelerator_memory_capacity_gb=found.cards[0].memory_capacity_gb if found.cards else None,
+        accelerators=found.cards,
+        jax_devices=jax_listed,
+        gaps=host_gaps(governor, max_mhz) + found.gaps + jax_gaps,
     )
 
 
@@ -70,7 +322,9 @@ def describe_inputs(ctx: StageContext) -> tuple[str, ...]:
 @hookimpl(trylast=True)
 def rpx_system_card(ctx: StageContext) -> SystemCard:
     return attrs.evolve(
-        machine_card(),
+        machine_card(ctx.backend.framework),
+        threads=runtime_threads(),
+        thread_environment=thread_environment(),
         precision=ctx.job.precision,
         batch_sizes=ctx.job.batch_sizes,
         input_shapes=describe_inputs(ctx),

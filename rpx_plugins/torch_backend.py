@@ -5,6 +5,7 @@ Only imported by backend plugins; torch itself is imported inside methods.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from rpx_core.backends import Backend
@@ -77,6 +78,11 @@ class TorchBackend(Backend):
         if precision not in self.precisions:
             raise UnsupportedError(f"backend {self.name!r} cannot execute precision {precision!r}; it supports {', '.join(self.precisions)}")
         return model.eval().to(device=device, dtype=torch_dtype(precision))
+
+    def inference_context(self) -> contextlib.AbstractContextManager:
+        import torch
+
+        return torch.inference_mode()
 
     def make_inputs(self, model: ModelSpec, batch_size: int, precision: str, device: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return make_inputs(model, batch_size, precision, device)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rpx_core.api import run_spec
-from rpx_core.errors import PluginError
+from rpx_core.errors import PluginError, SpecError
 from rpx_core.plugins import Plugins, PluginLoadWarning
 from rpx_core.spec import spec_from_dict
 from tests.conftest import make_plugin_package, pip_install_target, rpx_cli
@@ -49,7 +49,7 @@ def test_stage_override_applies_to_its_backend_only_and_new_stage_runs(with_exam
     own = run_spec(spec_from_dict({**spec, "backend": "cpu-1thread"}), plugins=plugins, output=None).model("lin")
     builtin = run_spec(spec_from_dict({**spec, "backend": "cpu"}), plugins=plugins, output=None).model("lin")
     assert own.stages["count_params"].provided_by == "example"
-    assert builtin.stages["count_params"].provided_by == "params"
+    assert builtin.stages["count_params"].provided_by == "torch-tier1"
     # both implementations agree: 16*8 weights + 8 biases = 136 parameters, 544 bytes at fp32
     assert own.result("count_params").total == builtin.result("count_params").total == 16 * 8 + 8
     assert own.result("weights_report") == {"unit": "MB", "weights": 136 * 4 / 1e6, "precision": "fp32"}
@@ -57,10 +57,9 @@ def test_stage_override_applies_to_its_backend_only_and_new_stage_runs(with_exam
 
 
 def test_plugin_stage_options_are_validated(with_example):
-    spec = spec_from_dict({"models": [MODEL], "stages": ["weights_report"], "options": {"weights_report": {"unti": "MB"}}},
-                          where="s.toml")
-    with pytest.raises(Exception, match=r"s.toml: options.weights_report: unknown key 'unti'; did you mean 'unit'\?"):
-        run_spec(spec, plugins=Plugins.load(), output=None)
+    spec = spec_from_dict({"models": [MODEL], "stages": ["weights_report"], "options": {"weights_report": {"unti": "MB"}}})
+    with pytest.raises(SpecError, match=r"s.toml: options.weights_report: unknown key 'unti'; did you mean 'unit'\?"):
+        run_spec(spec, plugins=Plugins.load(), output=None, spec_path="s.toml")
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])

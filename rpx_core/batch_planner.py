@@ -1,0 +1,433 @@
+"""Which combination of batch sizes to try next, given the trials so far, and which one to choose: pure logic with
+no timing and no device, so it is tested on synthetic memory and throughput curves.
+
+Each stage searches on its own line (the other stages fixed):
+
+1. calibrate: batch 1, then double until three sizes have a memory reading (1, 2, 4);
+2. predict: fit ``used = a + b * batch`` by least squares over every reading (failures over the budget included:
+   they are real readings), anchor it at the largest size known to fit, and try the largest size the line keeps
+   within the usable budget;
+3. confirm or bisect: a size that fits becomes the new floor and the line is refitted; a size that fails becomes the
+   ceiling. After a failure without a reading (a hard out-of-memory), or two failures in a row, the next try is
+   the midpoint, otherwise the refitted prediction; where the line is too rough (its residuals) to rule out the
+   next size, that size is tried. A stage stops when no untried size between floor and ceiling is more than ``resolution``
+   above the floor, when the line says the next size cannot fit, at ``max_batch``, or when doubling its batch size
+   raised its frames/s by less than ``gain_threshold`` (a plateau).
+
+Sizes at or above a failure are never tried again: memory is assumed monotone in every batch size.
+
+Sequential stages run alone, so each has its own reading and its own limit: all stages search at once (one trial
+tries every stage's next size) and one stage's limit never ends another's search. Once all stopped, the combination
+of each stage's best size is run once to confirm it, unless it already ran.
+
+Concurrent stages share the budget: one reading per trial, fitted as ``used = a + sum_i b_i * batch_i``, so the
+shared baseline (process, every model's weights) is counted once in ``a``. Only the bottleneck (the stage with the
+fewest frames/s in the latest fitting trial) grows, at least doubling (more when its frames/s would need more to
+reach the next-slowest stage, assuming frames/s grow at most in proportion to batch size), capped by the fitted
+limit. When the bottleneck cannot grow, growing another stage cannot raise the pipeline's frames/s; instead the
+memory plane and per-stage lines of seconds per call against batch size predict the best split of the budget
+(shrinking a stage that grew past its need frees memory for the bottleneck), which is tried if it is new and
+predicted to gain more than the gain threshold (at least 2%); then growth resumes from it, or the search ends.
+
+The choice is the fitting trial with the most pipeline frames/s (fewest used bytes on ties).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import attrs
+
+from rpx_core.batching import BatchSearchResult, MemoryFit, StageSummary, Trial, upstream_fan_outs
+
+#: Sizes with a memory reading needed before a stage's line is trusted for predictions.
+CALIBRATION_POINTS = 3
+#: Samples of slack when flooring a predicted size, so a size whose reading lands exactly on the budget counts.
+ROUNDING = 1e-6
+#: The line rules a size out only if it overshoots the budget by more than this many RMS residuals of the fit.
+TRUST_RESIDUALS = 2.0
+#: Bisect instead of trusting the line after this many failed tries in a row (a step in the memory curve would
+#: otherwise make the refitted line creep down one size per trial).
+BISECT_AFTER_MISSES = 2
+#: The least predicted gain for which a concurrent search tries a rebalanced combination.
+MIN_REBALANCE_GAIN = 0.02
+#: The least factor a concurrent bottleneck grows by per step (the seed doubles too).
+BOTTLENECK_GROWTH = 2
+
+
+@attrs.frozen
+class LinearFit:
+    """``value = intercept + sum(slope_i * batch_i)`` over the columns that varied (others: slope None)."""
+
+    intercept: float
+    slopes: tuple[float | None, ...]
+    points: int
+    rms_residual: float
+
+
+def fit_linear(rows: Sequence[Sequence[int]], values: Sequence[float]) -> LinearFit | None:
+    """Least squares ``value = intercept + sum(slope_i * row_i)`` (memory or seconds per call against batch sizes);
+    None without two distinct rows."""
+    import numpy as np
+
+    if len({tuple(row) for row in rows}) < 2:
+        return None
+    sizes = np.asarray(rows, dtype=float)
+    target = np.asarray(values, dtype=float)
+    varied = [column for column in range(sizes.shape[1]) if np.ptp(sizes[:, column]) > 0]
+    design = np.column_stack([np.ones(len(target)), sizes[:, varied]])
+    coefficients, *_ = np.linalg.lstsq(design, target, rcond=None)
+    residual = target - design @ coefficients
+    slopes: list[float | None] = [None] * sizes.shape[1]
+    for position, column in enumerate(varied):
+        slopes[column] = float(coefficients[position + 1])
+    return LinearFit(float(coefficients[0]), tuple(slopes), len(target), float(np.sqrt(np.mean(residual**2))))
+
+
+@attrs.frozen
+class StageView:
+    """One stage's line search with the other stages fixed."""
+
+    lo: int | None  # largest size known to fit
+    hi: int  # smallest size known to fail (max_batch + 1 when none did)
+    readings: int  # distinct sizes with a memory reading
+    slope: float | None  # bytes per sample from the fit
+    rms: float  # the fit's root-mean-square residual, bytes (0 without a fit)
+    anchor_used: int | None  # used bytes at ``lo``
+    missed_unread: bool  # the latest try of this stage failed without a memory reading
+    misses: int  # failed tries of this stage in a row, up to the latest
+    plateau: bool
+
+
+@attrs.frozen
+class BatchPlanner:
+    """The search policy for one pipeline. ``usable_bytes`` is the budget minus the safety margin."""
+
+    names: tuple[str, ...]
+    fan_outs: tuple[float, ...]
+    usable_bytes: int
+    max_batch: int = 256
+    concurrent: bool = False
+    gain_threshold: float = 0.05
+    resolution: float = 0.05
+
+    def next_combination(self, trials: Sequence[Trial]) -> tuple[int, ...] | None:
+        """The batch sizes to try next; None when the search is over (the seed's ``combos_exhausted``)."""
+        return self._next_concurrent(trials) if self.concurrent else self._next_sequential(trials)
+
+    def exhausted(self, trials: Sequence[Trial]) -> bool:
+        return self.next_combination(trials) is None
+
+    # -- sequential ----------------------------------------------------------------------------------------------------
+
+    def _next_sequential(self, trials: Sequence[Trial]) -> tuple[int, ...] | None:
+        views = [self._sequential_view(trials, stage) for stage in range(len(self.names))]
+        if any(view.hi == 1 for view in views):
+            return None  # a stage does not fit even at batch 1
+        proposals = [self.grow(view)[0] for view in views]
+        if any(proposal is not None for proposal in proposals):
+            return tuple(
+                proposal if proposal is not None else self._best_size(trials, stage)
+                for stage, proposal in enumerate(proposals)
+            )
+        best = tuple(self._best_size(trials, stage) for stage in range(len(self.names)))
+        already_ran = best in {trial.batch_sizes for trial in trials}
+        confirmed = self._all_stopped(trials[:-1])  # the latest trial was already the confirmation
+        return None if already_ran or confirmed else best
+
+    def _all_stopped(self, trials: Sequence[Trial]) -> bool:
+        return bool(trials) and all(
+            self.grow(self._sequential_view(trials, stage))[0] is None for stage in range(len(self.names))
+        )
+
+    def _sequential_view(self, trials: Sequence[Trial], stage: int) -> StageView:
+        runs = [trial.stages[stage] for trial in trials]
+        hi = min((run.batch_size for run in runs if run.failure), default=self.max_batch + 1)
+        fits = [run for run in runs if run.failure is None and run.batch_size < hi]
+        lo = max((run.batch_size for run in fits), default=None)
+        read = [run for run in runs if run.used_bytes is not None]
+        fit = fit_linear([(run.batch_size,) for run in read], [run.used_bytes for run in read])
+        return StageView(
+            lo=lo,
+            hi=hi,
+            readings=len({run.batch_size for run in read}),
+            slope=fit.slopes[0] if fit else None,
+            rms=fit.rms_residual if fit else 0.0,
+            anchor_used=max(
+                (run.used_bytes for run in fits if run.batch_size == lo and run.used_bytes is not None), default=None
+            ),
+            missed_unread=bool(runs) and runs[-1].failure is not None and runs[-1].used_bytes is None,
+            misses=_trailing_failures([run.failure for run in runs]),
+            plateau=self._plateau([(run.batch_size, run.frames_per_second) for run in fits], lo),
+        )
+
+    def _best_size(self, trials: Sequence[Trial], stage: int) -> int:
+        """The fitting size with the most frames/s on average (the smaller on ties)."""
+        view = self._sequential_view(trials, stage)
+        rates = _rates_by_size(
+            (trial.stages[stage].batch_size, trial.stages[stage].frames_per_second)
+            for trial in trials
+            if trial.stages[stage].failure is None and trial.stages[stage].batch_size < view.hi
+        )
+        return max(rates, key=lambda size: (rates[size], -size))
+
+    # -- concurrent ----------------------------------------------------------------------------------------------------
+
+    def _next_concurrent(self, trials: Sequence[Trial]) -> tuple[int, ...] | None:
+        fitting = [trial for trial in trials if trial.ok]
+        if not fitting:
+            return None if trials else (1,) * len(self.names)
+        incumbent = fitting[-1]
+        stage = self._bottleneck(incumbent)
+        proposal = self.grow(self._concurrent_view(trials, stage, incumbent))[0]
+        if proposal is None:
+            return self._rebalanced(trials)
+        rates = [run.frames_per_second for run in incumbent.stages]
+        if len(rates) > 1:
+            current = incumbent.batch_sizes[stage]
+            next_slowest = sorted(rates)[1]
+            needed = math.ceil(current * next_slowest / rates[stage])
+            proposal = min(proposal, max(needed, BOTTLENECK_GROWTH * current))
+        return tuple(proposal if index == stage else size for index, size in enumerate(incumbent.batch_sizes))
+
+    def _rebalanced(self, trials: Sequence[Trial]) -> tuple[int, ...] | None:
+        """Once the bottleneck cannot grow: the combination the fitted memory plane and per-call time lines predict
+        to be best, if it is new and predicted to beat the best trial by more than the gain threshold.
+
+        Greedy water-filling from batch 1: grow the stage with the fewest predicted frames/s by one while the plane
+        keeps the combination within budget and no failure dominates it (optimal for frames/s rising with batch
+        size and memory linear in it). Stages whose size never varied keep it."""
+        fitting = [trial for trial in trials if trial.ok]
+        read = [trial for trial in trials if trial.used_bytes is not None]
+        plane = fit_linear([trial.batch_sizes for trial in read], [trial.used_bytes for trial in read])
+        if plane is None:
+            return None
+        upstream = upstream_fan_outs(self.fan_outs)
+        lines = [self._time_line(fitting, stage) for stage in range(len(self.names))]
+        fixed = [plane.slopes[stage] is None or lines[stage] is None for stage in range(len(self.names))]
+
+        def rate(stage: int, size: int) -> float:
+            seconds = lines[stage].intercept + lines[stage].slopes[0] * size
+            return size / seconds / upstream[stage] if seconds > 0 else 0.0
+
+        def predicted(sizes: list[int]) -> float:
+            return min(rate(stage, size) for stage, size in enumerate(sizes) if not fixed[stage])
+
+        sizes = [fitting[-1].batch_sizes[stage] if fixed[stage] else 1 for stage in range(len(self.names))]
+        if all(fixed) or self._dominated(tuple(sizes), trials):
+            return None
+        while True:
+            free = [stage for stage in range(len(sizes)) if not fixed[stage]]
+            stage = min(free, key=lambda index: rate(index, sizes[index]))
+            grown = [size + (index == stage) for index, size in enumerate(sizes)]
+            used = plane.intercept + sum(slope * size for slope, size in zip(plane.slopes, grown) if slope is not None)
+            if grown[stage] > self.max_batch or used > self.usable_bytes or self._dominated(tuple(grown), trials):
+                break
+            sizes = grown
+        best = max(trial.frames_per_second for trial in fitting)
+        already_ran = tuple(sizes) in {trial.batch_sizes for trial in trials}
+        worth_it = predicted(sizes) > (1 + max(self.gain_threshold, MIN_REBALANCE_GAIN)) * best
+        return tuple(sizes) if worth_it and not already_ran else None
+
+    @staticmethod
+    def _time_line(fitting: Sequence[Trial], stage: int) -> LinearFit | None:
+        """Seconds per call against batch size for one stage: ``seconds = fixed + per_sample * batch``."""
+        runs = [trial.stages[stage] for trial in fitting]
+        return fit_linear([(run.batch_size,) for run in runs], [run.seconds / run.calls for run in runs])
+
+    @staticmethod
+    def _dominated(sizes: tuple[int, ...], trials: Sequence[Trial]) -> bool:
+        """At or above, in every stage, a combination that failed."""
+        return any(not trial.ok and all(a >= b for a, b in zip(sizes, trial.batch_sizes)) for trial in trials)
+
+    @staticmethod
+    def _bottleneck(trial: Trial) -> int:
+        rates = [run.frames_per_second for run in trial.stages]
+        return rates.index(min(rates))
+
+    def _concurrent_view(self, trials: Sequence[Trial], stage: int, incumbent: Trial) -> StageView:
+        sizes = incumbent.batch_sizes
+        hi = self.max_batch + 1
+        for trial in trials:
+            others_within = all(s <= sizes[i] for i, s in enumerate(trial.batch_sizes) if i != stage)
+            if trial.failure and others_within:
+                hi = min(hi, max(trial.batch_sizes[stage], sizes[stage] + 1))
+        read = [trial for trial in trials if trial.used_bytes is not None]
+        fit = fit_linear([trial.batch_sizes for trial in read], [trial.used_bytes for trial in read])
+        fits = [trial for trial in trials if trial.ok]
+        return StageView(
+            lo=sizes[stage],
+            hi=hi,
+            readings=len({trial.batch_sizes[stage] for trial in read}),
+            slope=fit.slopes[stage] if fit else None,
+            rms=fit.rms_residual if fit else 0.0,
+            anchor_used=incumbent.used_bytes,
+            missed_unread=not trials[-1].ok and trials[-1].used_bytes is None,
+            misses=_trailing_failures([trial.failure for trial in trials]),
+            plateau=self._plateau([(t.batch_sizes[stage], t.stages[stage].frames_per_second) for t in fits], sizes[stage]),
+        )
+
+    # -- one stage's line ----------------------------------------------------------------------------------------------
+
+    def grow(self, view: StageView) -> tuple[int | None, str | None]:
+        """The stage's next size, or None and why it stopped."""
+        if view.lo is None:
+            return (1, None) if view.hi > 1 else (None, "infeasible")
+        if view.plateau:
+            return None, "plateau"
+        ceiling = min(view.hi - 1, self.max_batch)
+        floor = max(view.lo + 1, math.floor(view.lo * (1 + self.resolution)) + 1)
+        if floor > ceiling:
+            return None, ("memory limit" if view.hi <= self.max_batch else "max_batch")
+        if view.readings < CALIBRATION_POINTS or view.slope is None or view.anchor_used is None:
+            return max(floor, min(2 * view.lo, ceiling)), None
+        if view.missed_unread or view.misses >= BISECT_AFTER_MISSES:
+            return max(floor, (view.lo + view.hi) // 2), None
+        predicted = self.predicted_max(view)
+        if predicted >= floor:
+            return min(predicted, ceiling), None
+        overshoot = view.anchor_used + view.slope * (floor - view.lo) - self.usable_bytes
+        if overshoot > TRUST_RESIDUALS * view.rms:
+            return None, "predicted memory limit"
+        return floor, None  # the line is too rough to rule the next size out: try it
+
+    def predicted_max(self, view: StageView) -> int:
+        """The largest size the fitted line, anchored at ``lo``'s reading, keeps within the usable budget."""
+        if view.slope <= 0:
+            return self.max_batch
+        samples = (self.usable_bytes - view.anchor_used) / view.slope
+        return max(0, min(self.max_batch, view.lo + math.floor(samples + ROUNDING)))
+
+    def _predicted_or_none(self, view: StageView) -> int | None:
+        known = view.slope is not None and view.anchor_used is not None and view.lo is not None
+        return self.predicted_max(view) if known else None
+
+    def _plateau(self, rates: list[tuple[int, float]], lo: int | None) -> bool:
+        """Doubling the batch size (from the largest size at most half of ``lo``) gained under gain_threshold."""
+        if self.gain_threshold <= 0 or lo is None:
+            return False
+        by_size = _rates_by_size(rates)
+        smaller = [size for size in by_size if size <= lo / 2]
+        return bool(smaller) and by_size[lo] < (1 + self.gain_threshold) * by_size[max(smaller)]
+
+    # -- the result ----------------------------------------------------------------------------------------------------
+
+    def result(
+        self,
+        trials: Sequence[Trial],
+        *,
+        budget_bytes: int,
+        safety_margin_bytes: int,
+        budget_enforced: bool,
+        memory_method: str,
+    ) -> BatchSearchResult:
+        """The search's outcome: the best fitting trial and what was learnt per stage."""
+        fitting = [trial for trial in trials if trial.ok]
+        chosen = max(fitting, key=lambda t: (t.frames_per_second or 0.0, -(t.used_bytes or 0)), default=None)
+        summaries = self._summaries(trials, chosen)
+        common = dict(
+            concurrent=self.concurrent,
+            budget_bytes=budget_bytes,
+            safety_margin_bytes=safety_margin_bytes,
+            usable_bytes=self.usable_bytes,
+            budget_enforced=budget_enforced,
+            memory_method=memory_method,
+            trial_count=len(trials),
+            stages=summaries,
+            trials=tuple(trials),
+        )
+        if chosen is None:
+            return BatchSearchResult(feasible=False, reason=self._infeasible_reason(trials, budget_bytes), **common)
+        headroom = None if chosen.used_bytes is None else budget_bytes - chosen.used_bytes
+        return BatchSearchResult(
+            feasible=True,
+            reason=self._reason(chosen, summaries, headroom),
+            chosen_batch_sizes=chosen.batch_sizes,
+            chosen_trial=chosen.index,
+            frames_per_second=chosen.frames_per_second,
+            headroom_bytes=headroom,
+            **common,
+        )
+
+    def _summaries(self, trials: Sequence[Trial], chosen: Trial | None) -> tuple[StageSummary, ...]:
+        fitting = [trial for trial in trials if trial.ok]
+        upstream = upstream_fan_outs(self.fan_outs)
+        summaries = []
+        for stage, name in enumerate(self.names):
+            if self.concurrent and fitting:
+                view = self._concurrent_view(trials, stage, fitting[-1])
+                stopped = self.grow(view)[1] if stage == self._bottleneck(fitting[-1]) else "not the bottleneck"
+            else:
+                view = self._sequential_view(trials, stage)
+                stopped = self.grow(view)[1]
+            summaries.append(StageSummary(
+                name=name,
+                fan_out=self.fan_outs[stage],
+                upstream_fan_out=upstream[stage],
+                stopped_by=stopped or "still growing",
+                chosen_batch=chosen.batch_sizes[stage] if chosen else None,
+                largest_fitting_batch=view.lo,
+                smallest_failing_batch=view.hi if view.hi <= self.max_batch else None,
+                predicted_max_batch=self._predicted_or_none(view),
+                memory_fit=self._memory_fit(trials, stage),
+            ))  # fmt: skip
+        return tuple(summaries)
+
+    def _memory_fit(self, trials: Sequence[Trial], stage: int) -> MemoryFit | None:
+        if self.concurrent:
+            read = [trial for trial in trials if trial.used_bytes is not None]
+            rows, used = [trial.batch_sizes for trial in read], [trial.used_bytes for trial in read]
+            column = stage
+        else:
+            read = [trial.stages[stage] for trial in trials if trial.stages[stage].used_bytes is not None]
+            rows, used = [(run.batch_size,) for run in read], [run.used_bytes for run in read]
+            column = 0
+        fit = fit_linear(rows, used)
+        if fit is None or fit.slopes[column] is None:
+            return None
+        return MemoryFit(fit.intercept, fit.slopes[column], fit.points, fit.rms_residual)
+
+    def _reason(self, chosen: Trial, summaries: tuple[StageSummary, ...], headroom: int | None) -> str:
+        slowest = self._bottleneck(chosen)
+        sizes = ", ".join(f"{name}={size}" for name, size in zip(self.names, chosen.batch_sizes))
+        room = "unknown headroom" if headroom is None else f"headroom {headroom / 1e6:.0f} MB"
+        return (
+            f"largest throughput {chosen.frames_per_second:.4g} frames/s at batch sizes {sizes} (trial "
+            f"{chosen.index}); limited by stage {self.names[slowest]!r} ({summaries[slowest].stopped_by}); {room}"
+        )
+
+    def _infeasible_reason(self, trials: Sequence[Trial], budget_bytes: int) -> str:
+        limit = f"the usable {self.usable_bytes / 1e6:.0f} MB (budget {budget_bytes / 1e6:.0f} MB minus the safety margin)"
+        if not trials:
+            return "no trial ran"
+        first = trials[0]
+        failed = [stage for stage, run in enumerate(first.stages) if run.failure] or list(range(len(self.names)))
+        who = (
+            "the stages together" if self.concurrent else
+            " and ".join(f"stage {self.names[stage]!r}" for stage in failed)
+        )  # fmt: skip
+        verb = "does" if len(failed) == 1 and not self.concurrent else "do"
+        runs = [first] if self.concurrent else [first.stages[stage] for stage in failed]
+        if any(run.failure == "oom" for run in runs):
+            errors = "; ".join(run.error for run in first.stages if run.error)
+            return f"{who} ran out of memory at batch 1 under {limit}" + (f": {errors}" if errors else "")
+        used = max(run.used_bytes for run in runs)
+        return f"{who} {verb} not fit at batch 1: {used / 1e6:.0f} MB used, over {limit}"
+
+
+def _trailing_failures(failures: Sequence[str | None]) -> int:
+    count = 0
+    for failure in reversed(failures):
+        if failure is None:
+            break
+        count += 1
+    return count
+
+
+def _rates_by_size(rates) -> dict[int, float]:
+    """Mean frames/s per batch size."""
+    grouped: dict[int, list[float]] = {}
+    for size, rate in rates:
+        grouped.setdefault(size, []).append(rate)
+    return {size: sum(values) / len(values) for size, values in grouped.items()}

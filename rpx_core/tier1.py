@@ -1,0 +1,133 @@
+"""Tier 1 results: hardware-agnostic counts of one pass of a model (parameters, FLOPs, bytes moved, activation memory).
+
+Conventions shared by every figure here:
+
+* FLOPs = 2 x MACs for matrix work (matmul, convolution, attention), the convention of torch's FlopCounterMode,
+  calflops and DeepSpeed. ``macs`` counts matrix multiply-accumulates only. Every other op (elementwise, norms,
+  softmax, pooling, reductions) is costed from a documented per-element table and reported as ``other_flops``, never
+  folded into the matrix figures.
+* Bytes are element_size x element count at each tensor's real dtype; 1 GB = 1e9 bytes wherever GB appears.
+* A count is an exact integer for the pass that ran: batch size and sequence length are those of the given inputs.
+
+Plain attrs classes without torch, so the CLI can load, convert and print them without importing heavy libraries.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+#: The ``module`` of ops that ran outside every submodule, in the top-level model's own forward.
+ROOT_MODULE = "(root)"
+#: The ``module`` of ops that ran during the backward pass (autograd runs outside module forwards).
+BACKWARD_MODULE = "(backward)"
+#: The entry that collects the modules or operators left out of a size-limited breakdown, so sums stay exact.
+OTHERS = "(others)"
+
+
+@attrs.frozen
+class OpRecord:
+    """Identical calls of one aten operator, aggregated: the figures are for ONE call, ``count`` says how many ran.
+
+    A per-operator roofline sums ``count x max(flops / peak, (bytes_read + bytes_written) / bandwidth)`` over records;
+    max() is not additive, which is why records keep one call's figures instead of totals.
+    """
+
+    op: str  # aten operator, e.g. "aten.mm" (all overloads of one operator share a name)
+    module: str  # innermost module path; list indices become "*" when identical calls from several layers merge
+    count: int  # number of identical calls (same operator, phase, input shapes/dtypes and arguments)
+    flops: int  # FLOPs of one call: matrix FLOPs (2 x macs) + other FLOPs
+    macs: int  # multiply-accumulates of one call (matrix work only; 0 for non-matrix ops)
+    bytes_read: int  # bytes one call reads: its input tensors (weights and activations), views counted at their extent
+    bytes_written: int  # bytes one call writes: its output tensors (0 for views and empty allocations)
+    phase: str = "forward"  # "forward" or "backward"
+    inputs: str = ""  # input tensors of the call, e.g. "float32[8,64], float32[64,256]"
+
+
+@attrs.frozen
+class OperatorStats:
+    """Totals of one aten operator over the whole pass."""
+
+    calls: int  # number of calls
+    matrix_flops: int  # FLOPs of matrix work, 2 x MACs
+    other_flops: int  # FLOPs from the per-element cost table
+    bytes_read: int  # bytes read, summed over calls (unfused)
+    bytes_written: int  # bytes written, summed over calls (unfused)
+
+
+@attrs.frozen
+class ModuleStats:
+    """FLOPs and bytes of one module path. Exclusive figures sum to the pass totals; inclusive ones nest."""
+
+    calls: int  # forward calls of this module path (0 for the "(root)"/"(backward)"/"(others)" pseudo-entries)
+    exclusive_matrix_flops: int  # matrix FLOPs of ops that ran while this was the innermost module
+    exclusive_other_flops: int  # other FLOPs of ops that ran while this was the innermost module
+    exclusive_bytes_read: int  # bytes read by those ops
+    exclusive_bytes_written: int  # bytes written by those ops
+    inclusive_flops: int  # matrix + other FLOPs of this module and every module under it
+    inclusive_bytes: int  # bytes read + written by this module and every module under it
+
+
+@attrs.frozen
+class FlopsResult:
+    """FLOPs and MACs of one forward pass (or forward + backward), with where they came from."""
+
+    matrix_flops: int  # matmul/convolution/attention FLOPs, 2 x macs
+    other_flops: int  # elementwise/norm/softmax/pooling/reduction FLOPs, per-element table (other_flops_convention)
+    total_flops: int  # matrix_flops + other_flops
+    macs: int  # multiply-accumulates of matrix work only
+    by_operator: dict[str, OperatorStats]  # aten operator -> totals, largest first (see top_k)
+    by_module: dict[str, ModuleStats]  # module path -> totals, in call order (see module_depth, top_k)
+    by_phase: dict[str, int]  # "forward"/"backward" -> total FLOPs of that phase
+    uncounted_ops: dict[str, int]  # operator -> calls of ops that ran without a FLOP formula (NOT in the totals)
+    causal_mask_convention: str  # how causal/masked attention is counted
+    other_flops_convention: str  # the per-element cost table behind other_flops
+    backward: bool  # True if the counts include a backward pass
+    counted_on: str  # device type of the counted tensors: "cpu", "meta", "cuda", ...
+    module_depth: int  # module paths deeper than this many components are folded into their ancestor
+    top_k: int | None = None  # by_operator/by_module keep this many largest entries, the rest summed in "(others)"
+
+
+@attrs.frozen
+class TrafficResult:
+    """Bytes moved by one pass and its activation memory, at the tensors' real dtypes."""
+
+    unfused_bytes: int  # upper bound: sum over ops of bytes read + written (every op round-trips memory)
+    unfused_weight_read_bytes: int  # part of unfused_bytes: parameter/buffer reads (read by two ops: counted twice)
+    unfused_activation_read_bytes: int  # part of unfused_bytes: reads of everything that is not a parameter/buffer
+    unfused_written_bytes: int  # part of unfused_bytes: writes
+    fused_bytes: int  # lower bound: weight_bytes + input_bytes + output_bytes (+ weight gradients if backward)
+    weight_bytes: int  # parameters/buffers the pass read, each storage once (shared/tied weights once)
+    input_bytes: int  # model input tensors, each storage once
+    output_bytes: int  # model output tensors, each storage once
+    activation_peak_bytes: int  # peak of live activation storage bytes during the forward pass (see assumptions)
+    activation_peak_bytes_fp16: int  # the same peak if every floating-point activation were 2 bytes per element
+    assumptions: tuple[str, ...]  # conventions behind these figures, in words
+    op_records: tuple[OpRecord, ...]  # per-call records for the per-operator roofline, largest bytes x count first
+    gradient_bytes: int | None = None  # parameter gradients written once, included in fused_bytes (backward only)
+    arithmetic_intensity_unfused: float | None = None  # total FLOPs / unfused_bytes, FLOP per byte (None if no bytes)
+    arithmetic_intensity_fused: float | None = None  # total FLOPs / fused_bytes, FLOP per byte (None if no bytes)
+
+
+@attrs.frozen
+class ParamsResult:
+    """Parameter and buffer counts of a model (element counts), and their bytes at the run's precision."""
+
+    total: int  # parameter elements, shared/tied parameters once (trainable + non_trainable)
+    trainable: int  # elements of parameters with requires_grad
+    non_trainable: int  # elements of parameters without requires_grad
+    buffers: int  # buffer elements (e.g. batch-norm running statistics), shared buffers once
+    bytes_at_precision: int  # parameters + buffers, floating tensors at the precision's element size, others as stored
+    precision: str  # the precision bytes_at_precision assumes: fp32/tf32 4 bytes, fp16/bf16 2, fp8/int8 1
+
+
+@attrs.frozen
+class CountOptions:
+    """Options of ``count_flops`` (``[options.count_flops]``); ``estimate_traffic`` shares its counting pass and these."""
+
+    #: "meta": build the model on the meta device (no weights allocated, any size fits); "device": count a real pass on
+    #: the job's device; "auto": meta, falling back to the device when the model cannot be built or run on meta.
+    count_on: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "meta", "device")))
+    backward: bool = False  # count forward + backward (gradient of the summed outputs) instead of forward only
+    batch_size: int = attrs.field(default=1, validator=attrs.validators.ge(1))  # batch size of the counted pass
+    top_k: int = attrs.field(default=20, validator=attrs.validators.ge(1))  # operators/modules listed; the rest folded
+    module_depth: int = attrs.field(default=3, validator=attrs.validators.ge(1))  # deeper module paths fold into ancestors

@@ -1,0 +1,221 @@
+"""The built-in ``batch_search`` stage: runs the planner's trials through the backend contract only (inputs, calls,
+timer, peak memory, out-of-memory recognition and recovery, memory budget), so it works on every backend that
+reads peak memory or enforces a budget.
+
+Every model of the pipeline is placed on the device before the first trial and stays there (a pipeline's models
+are resident together). Inputs are made fresh for each trial and dropped after it (``ctx.inputs`` would cache every
+size tried and inflate later trials). A trial that raises the backend's out-of-memory error is recorded as "oom",
+every reference to its inputs and outputs is dropped, and the backend recovers before the next trial; any other
+exception is a real failure and ends the stage.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+import attrs
+
+from rpx_core.backends import Backend, MemoryPeak, Timer
+from rpx_core.batch_planner import BatchPlanner
+from rpx_core.batching import BatchSearchOptions, BatchSearchResult, BatchTracker, parse_memory_amount
+from rpx_core.context import RunContext, StageContext
+from rpx_core.errors import RpxError, UnsupportedError
+from rpx_core.hookspecs import hookimpl
+from rpx_plugins.latency import gc_paused
+
+
+@hookimpl(trylast=True)
+def rpx_batch_search(ctx: RunContext) -> BatchSearchResult:
+    options: BatchSearchOptions = ctx.options or BatchSearchOptions()
+    stages = pipeline_stages(ctx.models, options.pipeline)
+    backend, device = ctx.backend, stages[0].job.device
+    budget = parse_memory_amount(options.memory_budget).resolve(lambda: device_memory_bytes(device))
+    margin = parse_memory_amount(options.safety_margin, allow_zero=True).resolve(lambda: budget)
+    if margin >= budget:
+        raise RpxError(f"options.batch_search.safety_margin: {margin} bytes leaves nothing of the {budget}-byte budget")
+    fan_outs = tuple(stage.job.model.fan_out for stage in stages)
+    planner = BatchPlanner(
+        names=tuple(stage.job.model.name for stage in stages),
+        fan_outs=fan_outs,
+        usable_bytes=budget - margin,
+        max_batch=options.max_batch,
+        concurrent=options.concurrent,
+        gain_threshold=options.gain_threshold,
+        resolution=options.resolution,
+    )
+    tracker = BatchTracker(fan_outs, budget - margin)
+    enforced = backend.set_memory_budget(device, budget)
+    try:
+        _require_memory_readings(backend, device, enforced)
+        runner = TrialRunner(backend, device, stages, [stage.model() for stage in stages], tracker, options.trial_seconds)
+        while (sizes := planner.next_combination(tracker.trials)) is not None:
+            runner.run(sizes, concurrent=options.concurrent)
+    finally:
+        if enforced:
+            backend.set_memory_budget(device, None)
+        for stage in stages:
+            stage.release()
+    return planner.result(
+        tracker.trials,
+        budget_bytes=budget,
+        safety_margin_bytes=margin,
+        budget_enforced=enforced,
+        memory_method=tracker.memory_method or "no memory reading (out-of-memory errors at the enforced budget only)",
+    )
+
+
+def pipeline_stages(contexts: Sequence[StageContext], names: Sequence[str]) -> list[StageContext]:
+    """The models named in ``pipeline`` in that order (default: all, in spec order); fan-outs must be positive."""
+    by_name = {context.job.model.name: context for context in contexts}
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        raise RpxError(f"options.batch_search.pipeline: no model named {', '.join(map(repr, unknown))}; the spec has {', '.join(by_name)}")
+    if len(set(names)) != len(names):
+        raise RpxError(f"options.batch_search.pipeline: a model appears twice in {list(names)}")
+    stages = [by_name[name] for name in names] if names else list(contexts)
+    for stage in stages:
+        if not stage.job.model.fan_out > 0:
+            raise RpxError(f"model {stage.job.model.name!r}: fan_out must be > 0, got {stage.job.model.fan_out}")
+    return stages
+
+
+def device_memory_bytes(device: str) -> int:
+    """The whole memory a fractional budget is taken of: total RAM for the host, the device's memory for CUDA, the
+    recommended working set for MPS. Read per device type because the Backend contract has no such query yet."""
+    kind = device.split(":")[0]
+    if kind == "cpu":
+        import psutil
+
+        return psutil.virtual_memory().total
+    if kind == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    if kind == "mps":
+        import torch
+
+        return torch.mps.recommended_max_memory()
+    raise UnsupportedError(f"a fractional memory_budget needs device {device!r}'s memory size, which rpx cannot read; give bytes or a size with a unit")
+
+
+def _require_memory_readings(backend: Backend, device: str, enforced: bool) -> None:
+    reading = backend.read_peak_memory(device)
+    if reading.peak_bytes is None and reading.reserved_bytes is None and not enforced:
+        raise UnsupportedError(
+            f"batch_search needs peak-memory readings or an enforced memory budget; backend {backend.name!r} has "
+            f"neither ({reading.method})"
+        )
+
+
+def timed_until(call: Callable[[], Any], timer: Timer, seconds: float) -> tuple[int, float]:
+    """Back-to-back calls until ``seconds`` of host time passed (at least one call); returns (calls, elapsed) with
+    elapsed from the backend timer, which synchronises on both ends, so queued device work is inside it."""
+    timer.start()
+    deadline = time.perf_counter() + seconds
+    calls = 0
+    while True:
+        call()
+        calls += 1
+        if time.perf_counter() >= deadline:
+            return calls, timer.stop()
+
+
+def drop_frames(exc: BaseException) -> None:
+    """Clear the local variables of the frames in ``exc``'s traceback and in those of the exceptions it chains: the
+    failed call's inputs and activations would otherwise live as long as the exception object (a model or library
+    may keep the exception it raised)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
+
+
+@attrs.define
+class TrialRunner:
+    """Runs one combination of batch sizes and reports it to the tracker."""
+
+    backend: Backend
+    device: str
+    stages: list[StageContext]
+    models: list[Any]
+    tracker: BatchTracker
+    trial_seconds: float
+
+    def run(self, sizes: tuple[int, ...], concurrent: bool) -> None:
+        started = time.perf_counter()
+        self.tracker.begin_trial(sizes)
+        with gc_paused():
+            peak = self._run_together(sizes) if concurrent else self._run_each(sizes)
+        self.tracker.end_trial(seconds=time.perf_counter() - started, peak=peak)
+
+    def _run_each(self, sizes: tuple[int, ...]) -> None:
+        """Stages one after another, each with its own peak; a stage out of memory does not stop the others."""
+        for stage, size in enumerate(sizes):
+            self.backend.reset_peak_memory(self.device)
+            error = None
+            try:
+                calls, seconds = self._measure(stage, size)
+            except Exception as exc:
+                if not self.backend.is_out_of_memory(exc):
+                    raise
+                error = f"{type(exc).__name__}: {exc}"
+                drop_frames(exc)
+            if error is None:
+                self.tracker.record_stage(stage, calls=calls, seconds=seconds, peak=self.backend.read_peak_memory(self.device))
+            else:  # the exception and the frames holding the inputs are gone here
+                self.backend.recover_from_oom(self.device)
+                self.tracker.record_stage(stage, failure="oom", error=error)
+
+    def _run_together(self, sizes: tuple[int, ...]) -> MemoryPeak | None:
+        """Stages at the same time, one thread each, timed from a common start; one peak for the trial."""
+        barrier = threading.Barrier(len(sizes))
+        errors: list[str | None] = [None] * len(sizes)
+        unexpected: list[BaseException] = []
+
+        def work(stage: int) -> None:
+            try:
+                calls, seconds = self._measure(stage, sizes[stage], before_timing=barrier.wait)
+            except threading.BrokenBarrierError:
+                return  # another stage failed before timing started
+            except Exception as exc:
+                barrier.abort()
+                if self.backend.is_out_of_memory(exc):
+                    errors[stage] = f"{type(exc).__name__}: {exc}"
+                    drop_frames(exc)
+                else:
+                    unexpected.append(exc)
+                return
+            self.tracker.record_stage(stage, calls=calls, seconds=seconds)
+
+        self.backend.reset_peak_memory(self.device)
+        threads = [threading.Thread(target=work, args=(stage,), name=f"rpx-batch-stage-{stage}") for stage in range(len(sizes))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        peak = self.backend.read_peak_memory(self.device)
+        if unexpected:
+            raise unexpected[0]
+        if not any(errors):
+            return peak
+        for stage, error in enumerate(errors):
+            if error:
+                self.tracker.record_stage(stage, failure="oom", error=error)
+        self.backend.recover_from_oom(self.device)
+        return None
+
+    def _measure(self, stage: int, size: int, before_timing: Callable[[], Any] = lambda: None) -> tuple[int, float]:
+        """Fresh inputs, one untimed warm-up call, then timed calls; inputs and outputs die with this frame."""
+        job = self.stages[stage].job
+        args, kwargs = self.backend.make_inputs(job.model, size, job.precision, job.device)
+        model, call_model = self.models[stage], self.backend.call_model
+        timer = self.backend.timer(self.device)
+        with self.backend.inference_context():  # thread-local in torch: entered in the thread that calls
+            call_model(model, args, kwargs)
+            before_timing()
+            return timed_until(lambda: call_model(model, args, kwargs), timer, self.trial_seconds)

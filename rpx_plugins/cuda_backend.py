@@ -1,0 +1,175 @@
+"""The ``cuda`` backend: torch on NVIDIA GPUs, timed with CUDA events, peak memory from the caching allocator.
+
+Precisions: fp32 (IEEE matmuls: TF32 is switched off), tf32 (fp32 storage, TF32 tensor-core matmuls and
+convolutions), fp16, bf16. The TF32 switches (``torch.backends.cuda.matmul.allow_tf32`` and
+``torch.backends.cudnn.allow_tf32``) are process-wide: ``place_model`` sets both for the job's precision.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+from typing import Any
+
+from rpx_core.backends import Availability, Backend, MemoryPeak, Timer
+from rpx_core.errors import UnsupportedError
+from rpx_core.hookspecs import hookimpl
+from rpx_plugins.host_memory import raised_for
+from rpx_plugins.torch_backend import TorchBackend
+
+#: Messages of CUDA out-of-memory errors that reach us as plain RuntimeErrors (cuBLAS/cuDNN workspaces, wrappers).
+CUDA_OOM_MESSAGES = ("CUDA out of memory", "CUDA error: out of memory")
+PEAK_METHOD = (
+    "torch.cuda.max_memory_allocated / max_memory_reserved after reset_peak_memory_stats; outside the allocator: "
+    "mem_get_info (total - free) - memory_reserved when read (CUDA context, library workspaces, other processes)"
+)
+
+
+def device_index(device: str) -> int | None:
+    """The index in "cuda:<index>"; None for plain "cuda" (torch's current device)."""
+    kind, _, index = device.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise UnsupportedError(f"the cuda backend runs on 'cuda' or 'cuda:<index>' devices, got {device!r}")
+    return int(index) if index else None
+
+
+def budget_fraction(budget_bytes: int, total_bytes: int) -> float:
+    """The share of the device that ``budget_bytes`` is, for torch.cuda.set_per_process_memory_fraction; a budget
+    above the device's capacity is no limit beyond the device itself (1.0)."""
+    if budget_bytes <= 0:
+        raise ValueError(f"a memory budget must be > 0 bytes, got {budget_bytes}")
+    return min(1.0, budget_bytes / total_bytes)
+
+
+def set_tf32(enabled: bool) -> None:
+    """Allow TF32 tensor-core math for fp32 matmuls and cuDNN convolutions, or forbid it (IEEE fp32)."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+def describe_devices(names: list[str]) -> str:
+    """E.g. "2 devices: NVIDIA H200" or "2 devices: NVIDIA H200, NVIDIA A100 80GB PCIe"."""
+    distinct = ", ".join(dict.fromkeys(names))
+    return f"{len(names)} device{'s' if len(names) != 1 else ''}: {distinct}"
+
+
+class CudaEventTimer(Timer):
+    """Elapsed time between two CUDA events recorded on the device's current stream (GPU clock, ~0.5 us resolution).
+
+    ``start`` first synchronises so earlier work is not counted; ``stop`` waits for the end event.
+    """
+
+    clock = "cuda events (torch.cuda.Event, enable_timing=True) on the current stream, synchronised"
+
+    def __init__(self, device: str) -> None:
+        import torch
+
+        super().__init__(lambda: torch.cuda.synchronize(device))
+        self._stream = torch.cuda.current_stream(device)
+        self._begin = torch.cuda.Event(enable_timing=True)
+        self._end = torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        self._synchronize()
+        self._begin.record(self._stream)
+
+    def stop(self) -> float:
+        self._end.record(self._stream)
+        self._end.synchronize()
+        return self._begin.elapsed_time(self._end) / 1e3  # elapsed_time is in milliseconds
+
+
+class CudaBackend(TorchBackend):
+    name = "cuda"
+    description = "PyTorch on NVIDIA GPUs (CUDA events for timing, caching-allocator peaks)"
+    precisions = ("fp32", "tf32", "fp16", "bf16")
+
+    def probe(self) -> Availability:
+        if importlib.util.find_spec("torch") is None:
+            return Availability(False, "torch is not installed")
+        import torch
+
+        if torch.version.cuda is None:
+            return Availability(False, f"CUDA build not installed (torch {torch.__version__} was built without CUDA)")
+        if not torch.cuda.is_available():
+            return Availability(False, f"no CUDA device (torch {torch.__version__}, CUDA {torch.version.cuda})")
+        names = [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
+        return Availability(True, describe_devices(names))
+
+    def default_device(self) -> str:
+        return "cuda:0"
+
+    def place_model(self, model: Any, precision: str, device: str) -> Any:
+        self.check_device(device)
+        set_tf32(precision == "tf32")
+        return super().place_model(model, precision, device)
+
+    def check_device(self, device: str) -> None:
+        import torch
+
+        index = device_index(device)
+        count = torch.cuda.device_count()
+        if index is not None and index >= count:
+            found = describe_devices([torch.cuda.get_device_name(i) for i in range(count)])
+            raise UnsupportedError(f"device {device!r} does not exist: this machine has {found}")
+
+    def device_name(self, device: str) -> str | None:
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+
+    def synchronize(self, device: str) -> None:
+        import torch
+
+        torch.cuda.synchronize(device)
+
+    def timer(self, device: str) -> Timer:
+        return CudaEventTimer(device)
+
+    def reset_peak_memory(self, device: str) -> None:
+        import torch
+
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def read_peak_memory(self, device: str) -> MemoryPeak:
+        import torch
+
+        torch.cuda.synchronize(device)
+        free, total = torch.cuda.mem_get_info(device)
+        return MemoryPeak(
+            method=PEAK_METHOD,
+            peak_bytes=torch.cuda.max_memory_allocated(device),
+            reserved_bytes=torch.cuda.max_memory_reserved(device),
+            outside_allocator_bytes=(total - free) - torch.cuda.memory_reserved(device),
+        )
+
+    def is_out_of_memory(self, exc: BaseException) -> bool:
+        import torch
+
+        return raised_for(exc, (torch.cuda.OutOfMemoryError,), CUDA_OOM_MESSAGES)
+
+    def recover_from_oom(self, device: str) -> None:
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    def set_memory_budget(self, device: str, budget_bytes: int | None) -> bool:
+        """Cap this process's caching allocator at ``budget_bytes`` (None lifts the cap). Memory outside the allocator
+        (CUDA context, workspaces) is not covered by the cap."""
+        import torch
+
+        if budget_bytes is None:
+            torch.cuda.set_per_process_memory_fraction(1.0, device)
+            return True
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(budget_fraction(budget_bytes, total), device)
+        return True
+
+
+@hookimpl
+def rpx_register_backends() -> list[Backend]:
+    return [CudaBackend()]

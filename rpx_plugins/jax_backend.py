@@ -1,0 +1,242 @@
+"""The ``jax`` backend: plain JAX functions, jitted by XLA, on any device JAX sees (CPU, GPU, TPU).
+
+Model convention: a spec's ``source`` names a factory (e.g. ``rpx_plugins.jax_zoo:mlp``) that returns either a
+:class:`JaxModel` (``apply(params, *inputs, **named_inputs)`` plus ``params``, any pytree of arrays) or a plain
+``(apply, params)`` tuple. A Flax linen module fits as ``JaxModel(module.apply, variables)``; rpx does not depend on
+Flax. Params given as ``jax.ShapeDtypeStruct`` leaves are an abstract model: Tier 1 counts it, nothing executes it.
+
+JAX has no trainable flag and no buffers: every leaf of ``params`` counts as a trainable parameter (see
+:mod:`rpx_plugins.jax_tier1`). Execution: floating params and inputs are cast to the precision's dtype, put on the
+device, and ``apply`` is jitted once. JAX dispatches asynchronously, so ``call_model`` blocks on the outputs
+(``jax.block_until_ready``): that is the synchronisation, and ``synchronize`` has nothing left to wait for.
+
+jax is imported inside functions only: this module is loaded at CLI start, which must stay fast and work without jax.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Callable
+
+import attrs
+
+from rpx_core.backends import Availability, Backend, MemoryPeak
+from rpx_core.errors import BackendUnavailable, UnsupportedError
+from rpx_core.hookspecs import hookimpl
+from rpx_core.spec import InputSpec, ModelSpec
+from rpx_plugins.host_memory import HostPeakTracker, is_host_out_of_memory
+
+NAME = "jax"
+#: The dtype each executable precision stores floating params, inputs and activations in.
+EXECUTION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+#: Seed of the fixed key every input is drawn from, so runs see the same inputs.
+INPUT_SEED = 0
+#: How ``read_peak_memory`` describes the device allocator's peak (JAX cannot reset it).
+DEVICE_PEAK_RAISED = "device.memory_stats()['peak_bytes_in_use'], raised during the region, so it is the region's peak"
+DEVICE_PEAK_BOUND = (
+    "device.memory_stats()['peak_bytes_in_use'] since process start (JAX cannot reset it; not raised during the "
+    "region): an upper bound on the region's peak"
+)
+
+
+@attrs.frozen
+class JaxModel:
+    """A JAX model: ``apply(params, *inputs, **named_inputs)`` and its ``params`` pytree."""
+
+    apply: Callable[..., Any]
+    params: Any
+
+
+@attrs.frozen
+class PlacedJaxModel:
+    """A model ready to run: ``apply`` jitted once, ``params`` cast and committed to ``device``."""
+
+    apply: Callable[..., Any]
+    params: Any
+    device: Any
+
+
+def as_jax_model(model: Any) -> JaxModel:
+    """Accept a JaxModel, an ``(apply, params)`` tuple, or any object with ``apply`` and ``params`` attributes."""
+    if isinstance(model, JaxModel):
+        return model
+    if isinstance(model, tuple) and len(model) == 2 and callable(model[0]):
+        return JaxModel(*model)
+    if callable(getattr(model, "apply", None)) and hasattr(model, "params"):
+        return JaxModel(model.apply, model.params)
+    raise UnsupportedError(
+        f"backend {NAME!r} runs models given as JaxModel(apply, params) or an (apply, params) tuple, got "
+        f"{type(model).__name__} (a Flax module fits as JaxModel(module.apply, variables))"
+    )
+
+
+def jax_dtype(precision: str) -> Any:
+    """The jnp dtype floating tensors take at ``precision``; other precisions are refused out loud."""
+    import jax.numpy as jnp
+
+    if precision not in EXECUTION_DTYPES:
+        raise UnsupportedError(
+            f"backend {NAME!r} cannot run precision {precision!r}; it supports {', '.join(EXECUTION_DTYPES)}"
+        )
+    return jnp.dtype(EXECUTION_DTYPES[precision])
+
+
+def is_floating(dtype: Any) -> bool:
+    import jax.numpy as jnp
+
+    return bool(jnp.issubdtype(dtype, jnp.floating))
+
+
+def input_dtype(spec_input: InputSpec, precision: str) -> Any:
+    """Floating inputs follow the precision; integer and bool inputs keep their dtype, canonicalised by JAX (int64
+    becomes int32 unless ``jax_enable_x64`` is set, JAX's default)."""
+    import jax
+
+    if is_floating(spec_input.dtype):
+        return jax_dtype(precision)
+    return jax.dtypes.canonicalize_dtype(spec_input.dtype)
+
+
+def split_inputs(model: ModelSpec) -> tuple[list[InputSpec], dict[str, InputSpec]]:
+    """Positional and named inputs of ``model``; an input_factory is not supported by this backend (yet)."""
+    if model.input_factory:
+        raise UnsupportedError(
+            f"backend {NAME!r} builds inputs from [[models.inputs]] shapes; input_factory is not supported (model {model.name!r})"
+        )
+    return [i for i in model.inputs if i.name is None], {i.name: i for i in model.inputs if i.name is not None}
+
+
+def resolve_device(device: str) -> Any:
+    """``"cpu"``, ``"gpu:1"``, ``"tpu:0"`` (platform[:index among that platform's devices]) or ``"default"``
+    (``jax.devices()[0]``) as a jax Device; a device JAX does not have is one clear error."""
+    import jax
+
+    platform, _, index_text = device.partition(":")
+    problem = f"backend {NAME!r}: device {device!r} is not available"
+    try:
+        devices = jax.devices(None if platform == "default" else platform)
+    except RuntimeError as exc:
+        raise BackendUnavailable(f"{problem}: {str(exc).splitlines()[0]}") from None
+    if not index_text:
+        return devices[0]
+    if not index_text.isdigit() or int(index_text) >= len(devices):
+        raise BackendUnavailable(f"{problem}: jax has {len(devices)} {devices[0].platform} device(s), indices 0-{len(devices) - 1}")
+    return devices[int(index_text)]
+
+
+def device_name(device: Any) -> str:
+    """``platform:index`` of a jax Device, the index counted among that platform's devices."""
+    import jax
+
+    return f"{device.platform}:{jax.devices(device.platform).index(device)}"
+
+
+def device_peak(stats: dict[str, Any] | None, platform: str, peak_at_reset: int | None) -> MemoryPeak:
+    """The region's peak from the XLA allocator's statistics (GPU/TPU); platforms without them say so."""
+    if not stats or "peak_bytes_in_use" not in stats:
+        return MemoryPeak(method=f"unsupported: jax reports no peak_bytes_in_use for platform {platform!r}")
+    peak = int(stats["peak_bytes_in_use"])
+    raised = peak_at_reset is not None and peak > peak_at_reset
+    return MemoryPeak(method=DEVICE_PEAK_RAISED if raised else DEVICE_PEAK_BOUND, peak_bytes=peak)
+
+
+def make_array(spec_input: InputSpec, batch_size: int, precision: str, key: Any) -> Any:
+    """Standard normal floats, integers uniform in [0, high) (high defaults to 2), bools all False (as torch backends)."""
+    import jax
+    import jax.numpy as jnp
+
+    shape = spec_input.with_batch(batch_size).shape
+    dtype = input_dtype(spec_input, precision)
+    if is_floating(dtype):
+        return jax.random.normal(key, shape, dtype)
+    if dtype == jnp.bool_:
+        return jnp.zeros(shape, dtype)
+    return jax.random.randint(key, shape, 0, spec_input.high or 2, dtype)
+
+
+class JaxBackend(Backend):
+    """JAX through XLA on one device; see the module docstring for the model convention and synchronisation."""
+
+    name = NAME
+    description = "JAX (jit-compiled by XLA) on CPU, GPU or TPU"
+    precisions = tuple(EXECUTION_DTYPES)
+    framework = "jax"
+
+    def __init__(self) -> None:
+        self._host_peak = HostPeakTracker()
+        self._device_peak_at_reset: int | None = None
+
+    def probe(self) -> Availability:
+        # find_spec first: without jax the probe must not pay for (or fail at) an import.
+        if importlib.util.find_spec("jax") is None:
+            return Availability(False, "jax is not installed (pip install 'rpx[jax]')")
+        import jax
+
+        devices = jax.devices()
+        kinds = ", ".join(sorted({d.device_kind for d in devices}))
+        plural = "s" if len(devices) > 1 else ""
+        return Availability(True, f"jax {jax.__version__}, {devices[0].platform}: {len(devices)} device{plural} ({kinds})")
+
+    def default_device(self) -> str:
+        return device_name(resolve_device("default")) if self.availability.available else "default"
+
+    def check_device(self, device: str) -> None:
+        """Raise BackendUnavailable (one line naming the backend and the reason) unless JAX has ``device``."""
+        resolve_device(device)
+
+    def place_model(self, model: Any, precision: str, device: str) -> PlacedJaxModel:
+        """Put params on ``device`` and cast floating ones there in one compiled call (eager casts would compile once
+        per leaf shape); jit ``apply`` once."""
+        import jax
+
+        model = as_jax_model(model)
+        dtype = jax_dtype(precision)
+        target = resolve_device(device)
+        if any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(model.params)):
+            raise UnsupportedError(f"backend {NAME!r}: the model's params are abstract (jax.ShapeDtypeStruct), so it cannot run")
+        cast = jax.jit(lambda tree: jax.tree.map(lambda leaf: leaf.astype(dtype) if is_floating(leaf.dtype) else leaf, tree))
+        return PlacedJaxModel(jax.jit(model.apply), cast(jax.device_put(model.params, target)), target)
+
+    def make_inputs(self, model: ModelSpec, batch_size: int, precision: str, device: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        import jax
+
+        positional, named = split_inputs(model)
+        target = resolve_device(device)
+        keys = iter(jax.random.split(jax.random.key(INPUT_SEED), max(len(model.inputs), 1)))
+        args = tuple(make_array(i, batch_size, precision, next(keys)) for i in positional)
+        kwargs = {name: make_array(i, batch_size, precision, next(keys)) for name, i in named.items()}
+        return jax.device_put((args, kwargs), target)
+
+    def call_model(self, model: PlacedJaxModel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the jitted apply and block until its outputs exist: JAX's synchronisation, so each call is complete."""
+        import jax
+
+        return jax.block_until_ready(model.apply(model.params, *args, **kwargs))
+
+    def reset_peak_memory(self, device: str) -> None:
+        target = resolve_device(device)
+        if target.platform == "cpu":
+            self._host_peak.reset()
+            return
+        stats = target.memory_stats() or {}
+        self._device_peak_at_reset = stats.get("peak_bytes_in_use")
+
+    def read_peak_memory(self, device: str) -> MemoryPeak:
+        """CPU: the process's peak RSS (JAX's host buffers live there; memory_stats() is None on CPU). GPU/TPU: the
+        XLA allocator's peak_bytes_in_use, exact only if the region raised it (see DEVICE_PEAK_*)."""
+        target = resolve_device(device)
+        if target.platform == "cpu":
+            return self._host_peak.read()
+        return device_peak(target.memory_stats(), target.platform, self._device_peak_at_reset)
+
+    def is_out_of_memory(self, exc: BaseException) -> bool:
+        """XLA's RESOURCE_EXHAUSTED runtime error, or the host running out (MemoryError)."""
+        import jax
+
+        xla_oom = isinstance(exc, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" in str(exc)
+        return xla_oom or is_host_out_of_memory(exc)
+
+
+@hookimpl
+def rpx_register_backends() -> list[Backend]:
+    return [JaxBackend()]

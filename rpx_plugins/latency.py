@@ -1,0 +1,208 @@
+"""The built-in ``measure_latency`` stage: per-call latency at batch 1, throughput per batch size, peak memory.
+
+Framework-agnostic: it uses only the backend contract (timer, synchronize, peak memory, out-of-memory recognition) and
+the context's model and inputs, which are built before any warm-up so no tracing or counting runs in a timed call.
+Latency samples are single synchronised calls at batch 1; throughput times many back-to-back calls at each batch size
+as one region. A batch's time is never divided into per-sample "latencies".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import statistics
+import time
+from typing import Any, Callable, Iterator
+
+import attrs
+
+from rpx_core import stats
+from rpx_core.backends import Backend, Timer
+from rpx_core.context import StageContext
+from rpx_core.hookspecs import hookimpl
+from rpx_core.tier3 import LatencyOptions, LatencyResult, ThroughputResult
+from rpx_plugins.system_card import runtime_threads
+
+@attrs.frozen
+class WarmUp:
+    calls: int
+    seconds: float  # host wall time of all warm-up calls
+    median_call_seconds: float | None  # each call synchronised; None when no warm-up call was made
+
+
+@attrs.frozen
+class Sampling:
+    samples_s: tuple[float, ...]  # one per call, backend clock, seconds
+    seconds: float  # host wall time of the whole sampling loop
+    stopped_by: str  # "min_samples" or "max_seconds"
+
+
+def model_call(backend: Backend, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], Any]:
+    """One forward call through ``backend.call_model``, bound once into a no-argument callable for the timing loops."""
+    return functools.partial(backend.call_model, model, args, kwargs)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Collect first, then pause Python's garbage collector while timing (as ``timeit`` does), so a collection
+    triggered by the harness is not billed to one unlucky call."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def warm_up(call: Callable[[], Any], synchronize: Callable[[], None], calls: int, seconds: float) -> WarmUp:
+    """Call until both ``calls`` calls were made and ``seconds`` passed, synchronising after each call."""
+    clock = time.perf_counter
+    durations: list[float] = []
+    started = clock()
+    while len(durations) < calls or clock() - started < seconds:
+        begin = clock()
+        call()
+        synchronize()
+        durations.append(clock() - begin)
+    median = statistics.median(durations) if durations else None
+    return WarmUp(len(durations), clock() - started, median)
+
+
+def sample_calls(call: Callable[[], Any], timer: Timer, min_samples: int, max_seconds: float) -> Sampling:
+    """Time single calls until ``min_samples`` are taken or ``max_seconds`` passed (at least one is always taken)."""
+    clock = time.perf_counter
+    start, stop = timer.start, timer.stop
+    samples: list[float] = []
+    append = samples.append
+    began = clock()
+    deadline = began + max_seconds
+    while True:
+        start()
+        call()
+        append(stop())
+        if len(samples) >= min_samples:
+            stopped_by = "min_samples"
+            break
+        if clock() >= deadline:
+            stopped_by = "max_seconds"
+            break
+    return Sampling(tuple(samples), clock() - began, stopped_by)
+
+
+def time_calls(call: Callable[[], Any], timer: Timer, calls: int) -> float:
+    """Seconds for ``calls`` back-to-back calls timed as one region."""
+    timer.start()
+    for _ in range(calls):
+        call()
+    return timer.stop()
+
+
+def throughput_calls(options: LatencyOptions, median_call_seconds: float | None) -> int:
+    """Enough calls to fill ``throughput_seconds`` at the warm-up's median call time, at least ``throughput_min_calls``."""
+    if not median_call_seconds:
+        return options.throughput_min_calls
+    return max(options.throughput_min_calls, round(options.throughput_seconds / median_call_seconds))
+
+
+def measure_throughput(ctx: StageContext, batch_size: int, options: LatencyOptions, timer: Timer) -> ThroughputResult:
+    """Warm up at ``batch_size``, then time back-to-back calls: samples/s = calls * batch_size / seconds."""
+    backend, device = ctx.backend, ctx.job.device
+    call = model_call(backend, ctx.model(), *ctx.inputs(batch_size))
+    warm = warm_up(call, lambda: backend.synchronize(device), options.warmup_calls, options.warmup_seconds)
+    calls = throughput_calls(options, warm.median_call_seconds)
+    backend.reset_peak_memory(device)
+    with gc_paused():
+        seconds = time_calls(call, timer, calls)
+    peak = backend.read_peak_memory(device)
+    return ThroughputResult(batch_size, calls, seconds, calls * batch_size / seconds, peak)
+
+
+def measure_all_throughput(ctx: StageContext, options: LatencyOptions, timer: Timer) -> tuple[ThroughputResult, ...]:
+    """Throughput at each of the job's batch sizes; one that runs out of memory is recorded, and larger ones skipped."""
+    results: list[ThroughputResult] = []
+    smallest_failed: int | None = None
+    for batch_size in ctx.job.batch_sizes:
+        if smallest_failed is not None and batch_size >= smallest_failed:
+            results.append(ThroughputResult(batch_size, error=f"not tried: batch size {smallest_failed} ran out of memory"))
+            continue
+        try:
+            results.append(measure_throughput(ctx, batch_size, options, timer))
+            continue
+        except Exception as exc:
+            if not ctx.backend.is_out_of_memory(exc):
+                raise
+            error = f"out of memory: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ctx.backend.recover_from_oom(ctx.job.device)  # after the except block, so the traceback's frames are gone
+        smallest_failed = batch_size if smallest_failed is None else min(smallest_failed, batch_size)
+        results.append(ThroughputResult(batch_size, error=error))
+    return tuple(results)
+
+
+def noise_warning(spread: float, threshold: float) -> str | None:
+    if spread <= threshold:
+        return None
+    return (
+        f"noisy machine: the middle half of the latency samples spans {spread:.0%} of the median (threshold "
+        f"{threshold:.0%}); close other programs, fix the CPU governor or GPU clocks, or take more samples"
+    )
+
+
+def summarize(sampling: Sampling, warm: WarmUp, options: LatencyOptions, **measured: Any) -> LatencyResult:
+    """Turn batch-1 samples into the result: every percentile only if claimable, the others listed."""
+    samples_ms = tuple(seconds * 1e3 for seconds in sampling.samples_s)
+    count = len(samples_ms)
+    claimed = {f"p{q}_ms": stats.percentile(samples_ms, q) for q in stats.MIN_SAMPLES if stats.claimable(q, count)}
+    spread = stats.spread(samples_ms)
+    return LatencyResult(
+        percentile_method=stats.PERCENTILE_METHOD,
+        samples_count=count,
+        sampling_seconds=sampling.seconds,
+        stopped_by=sampling.stopped_by,
+        mean_ms=stats.mean(samples_ms),
+        std_ms=stats.std(samples_ms),
+        min_ms=min(samples_ms),
+        max_ms=max(samples_ms),
+        iqr_ms=stats.interquartile_range(samples_ms),
+        spread=spread,
+        unclaimed_percentiles=stats.unclaimed(count),
+        noisy_warning=noise_warning(spread, options.noise_threshold),
+        warmup_calls=warm.calls,
+        warmup_seconds=warm.seconds,
+        samples_ms=samples_ms if options.keep_samples else None,
+        **claimed,
+        **measured,
+    )
+
+
+def measure_latency(ctx: StageContext) -> LatencyResult:
+    """Warm up, sample batch-1 calls with the region's peak memory, then throughput per batch size."""
+    options = ctx.options("measure_latency") or LatencyOptions()
+    backend, device = ctx.backend, ctx.job.device
+    call = model_call(backend, ctx.model(), *ctx.inputs(1))  # built and placed before anything is timed
+    timer = backend.timer(device)
+    with backend.inference_context():
+        warm = warm_up(call, lambda: backend.synchronize(device), options.warmup_calls, options.warmup_seconds)
+        backend.reset_peak_memory(device)
+        with gc_paused():
+            sampling = sample_calls(call, timer, options.min_samples, options.max_seconds)
+        peak = backend.read_peak_memory(device)
+        throughput = measure_all_throughput(ctx, options, timer)
+    card = ctx.results.get("system_card")
+    return summarize(
+        sampling,
+        warm,
+        options,
+        clock=timer.clock,
+        peak_memory=peak,
+        threads=runtime_threads(),
+        throughput=throughput,
+        system_summary=card.summary() if card is not None else None,
+    )
+
+
+@hookimpl(trylast=True)
+def rpx_measure_latency(ctx: StageContext) -> LatencyResult:
+    return measure_latency(ctx)

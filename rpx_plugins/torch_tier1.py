@@ -1,0 +1,105 @@
+"""The built-in Tier 1 stages for torch models: parameters, FLOPs, bytes moved and activation memory.
+
+Counting happens on the meta device when it can (shapes and dtypes only: a 70B-parameter model fits in a laptop's
+memory), else on real tensors on the job's device; the counts do not depend on which. One counting pass per job feeds
+both ``count_flops`` and ``estimate_traffic``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rpx_core.context import StageContext
+from rpx_core.errors import UnsupportedError
+from rpx_core.hookspecs import hookimpl
+from rpx_core.models import load_callable
+from rpx_core.tier1 import CountOptions, FlopsResult, ParamsResult, TrafficResult
+
+
+def handles(ctx: StageContext) -> bool:
+    return ctx.backend.framework == "torch"
+
+
+def meta_model(ctx: StageContext) -> Any:
+    """The job's model built on the meta device at the job's precision, once per job."""
+    if "meta_model" not in ctx.cache:
+        from rpx_plugins.torch_backend import torch_dtype
+        from rpx_plugins.torch_counter import build_on_meta
+
+        factory = load_callable(ctx.job.model.source, what=f"model {ctx.job.model.name!r}")
+        model = build_on_meta(factory, **ctx.job.model.kwargs)
+        ctx.cache["meta_model"] = model.eval().to(dtype=torch_dtype(ctx.job.precision))
+    return ctx.cache["meta_model"]
+
+
+def given_object(ctx: StageContext) -> tuple[Any, str]:
+    """A live model passed through the Python API is counted as it is; its dtype must match the precision."""
+    from rpx_plugins.torch_backend import torch_dtype
+
+    model = ctx.model_object
+    floating = [p for p in model.parameters() if p.is_floating_point()]
+    if floating and floating[0].dtype != torch_dtype(ctx.job.precision):
+        raise UnsupportedError(f"the model object holds {floating[0].dtype} weights but precision is {ctx.job.precision!r}; "
+                               "cast the model or pass the matching precision")
+    return model, (str(floating[0].device) if floating else ctx.job.device)
+
+
+def count(ctx: StageContext) -> Any:
+    """Count once per job (cached): on meta when possible, else on the device, as ``count_on`` says."""
+    if "count_report" in ctx.cache:
+        return ctx.cache["count_report"]
+    options: CountOptions = ctx.options("count_flops")
+    if ctx.model_object is not None:
+        model, device = given_object(ctx)
+        report = count_pass(ctx, model, device, options)
+    elif options.count_on == "device":
+        report = count_pass(ctx, ctx.model(), ctx.job.device, options)
+    else:
+        try:
+            report = count_pass(ctx, meta_model(ctx), "meta", options)
+        except Exception:
+            if options.count_on == "meta" or ctx.job.model.meta_only:
+                raise
+            ctx.cache.pop("meta_model", None)
+            report = count_pass(ctx, ctx.model(), ctx.job.device, options)
+    ctx.cache["count_report"] = report
+    return report
+
+
+def count_pass(ctx: StageContext, model: Any, device: str, options: CountOptions) -> Any:
+    import torch
+
+    from rpx_plugins.torch_backend import make_inputs
+    from rpx_plugins.torch_counter import count_model
+
+    args, kwargs = make_inputs(ctx.job.model, options.batch_size, ctx.job.precision, device)
+    with torch.no_grad():
+        return count_model(model, args, kwargs, backward=options.backward, top_k=options.top_k,
+                           module_depth=options.module_depth)
+
+
+@hookimpl(trylast=True)
+def rpx_count_params(ctx: StageContext) -> ParamsResult | None:
+    if not handles(ctx):
+        return None
+    from rpx_plugins.torch_params import count_parameters
+
+    if ctx.model_object is not None:
+        return count_parameters(ctx.model_object, ctx.job.precision)
+    try:
+        model = meta_model(ctx)
+    except Exception:
+        if ctx.job.model.meta_only:
+            raise
+        model = ctx.build_model()  # the factory cannot build on meta: count a real, unplaced model
+    return count_parameters(model, ctx.job.precision)
+
+
+@hookimpl(trylast=True)
+def rpx_count_flops(ctx: StageContext) -> FlopsResult | None:
+    return count(ctx).flops if handles(ctx) else None
+
+
+@hookimpl(trylast=True)
+def rpx_estimate_traffic(ctx: StageContext) -> TrafficResult | None:
+    return count(ctx).traffic if handles(ctx) else None

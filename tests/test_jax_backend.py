@@ -1,0 +1,348 @@
+"""The jax backend on real JAX (CPU): probe, devices, inputs, execution, and Tier 1 against hand-computed values.
+
+Models are run through the real engine (``run_spec``) wherever a figure is checked, so plugin wiring, caching between
+stages and result records are exercised too. Hand computations are written out next to each assertion.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import attrs
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rpx_core.api import run_spec
+from rpx_core.backends import MemoryPeak
+from rpx_core.errors import BackendUnavailable, UnsupportedError
+from rpx_core.plugins import Plugins
+from rpx_core.results import ModelResult
+from rpx_core.spec import load_spec, spec_from_dict
+from rpx_core.tier1 import OTHERS
+from rpx_plugins import jax_jaxpr
+from rpx_plugins.jax_backend import DEVICE_PEAK_BOUND, DEVICE_PEAK_RAISED, JaxBackend, JaxModel, device_peak
+from rpx_plugins.jax_tier1 import SCAN_REPEATS
+from rpx_plugins.jax_zoo import mlp
+
+SPECS = Path(__file__).resolve().parents[1] / "specs"
+TIER1 = ["count_params", "count_flops", "estimate_traffic"]
+FAST_LATENCY = {
+    "min_samples": 5, "max_seconds": 2.0, "warmup_calls": 1, "warmup_seconds": 0.0,
+    "throughput_seconds": 0.05, "throughput_min_calls": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def plugins() -> Plugins:
+    loaded = Plugins.load()
+    assert {"jax", "jax-tier1"} <= {info.name for info in loaded.infos() if info.status == "loaded"}
+    return loaded
+
+
+def profile(plugins: Plugins, model: object, inputs: list[dict], stages: list[str], **settings: object) -> ModelResult:
+    """Run ``model`` through the engine on the jax backend; Tier 1 counts at the first input's batch size unless
+    ``options`` say otherwise."""
+    table = {"name": "m", "source": "<object>:model", "inputs": inputs}
+    options = {"count_flops": {"batch_size": inputs[0]["shape"][0]}, **settings.pop("options", {})}
+    spec = spec_from_dict({"backend": "jax", "stages": stages, "models": [table], "options": options, **settings})
+    return run_spec(spec, plugins=plugins, output=None, model_objects={"m": model}).model("m")
+
+
+def ok(result: ModelResult, stage: str) -> object:
+    record = result.stages[stage]
+    assert record.status == "ok", record.error
+    return record.result
+
+
+def dense_relu(params: dict, x: jax.Array) -> jax.Array:
+    return jax.nn.relu(x @ params["w"] + params["b"])
+
+
+def dense_relu_model() -> JaxModel:
+    w = jax.random.normal(jax.random.key(1), (64, 32))
+    return JaxModel(dense_relu, {"w": w, "b": jnp.zeros(32)})
+
+
+# -- probe and devices -------------------------------------------------------------------------------------------------
+
+
+def test_probe_reports_the_cpu_device_and_the_default_device():
+    backend = JaxBackend()
+    assert backend.availability.available
+    assert f"jax {jax.__version__}, cpu: 1 device (cpu)" == backend.availability.reason
+    assert backend.default_device() == "cpu:0"
+
+
+def test_probe_without_jax_says_how_to_install_it(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jax" else real(name, *a))
+    availability = JaxBackend().availability
+    assert not availability.available
+    assert availability.reason == "jax is not installed (pip install 'rpx[jax]')"
+
+
+@pytest.mark.parametrize(
+    ("device", "reason"),
+    [
+        ("gpu:0", "Unknown backend: 'gpu' requested, but no platforms that are instances of gpu are present"),
+        ("cpu:3", "jax has 1 cpu device(s), indices 0-0"),
+    ],
+)
+def test_a_missing_device_is_one_line_naming_backend_and_reason(device, reason):
+    with pytest.raises(BackendUnavailable) as caught:
+        JaxBackend().check_device(device)
+    message = str(caught.value)
+    assert message.startswith(f"backend 'jax': device '{device}' is not available: ") and reason in message
+    assert "\n" not in message
+    JaxBackend().check_device("cpu:0")  # present: no error
+
+
+def test_a_spec_asking_for_gpu_fails_its_device_stages_with_that_line(plugins):
+    result = profile(plugins, dense_relu_model(), [{"shape": [8, 64]}], ["count_flops", "measure_latency"], device="gpu:0")
+    for stage in ("count_flops", "measure_latency"):
+        error = result.stages[stage].error
+        assert result.stages[stage].status == "failed" and "\n" not in error
+        assert error.startswith("BackendUnavailable: backend 'jax': device 'gpu:0' is not available: Unknown backend")
+
+
+# -- inputs, placement, execution ----------------------------------------------------------------------------------------
+
+
+def test_inputs_follow_the_precision_the_bounds_and_the_batch_size():
+    inputs = [
+        {"shape": [4, 16]},
+        {"shape": [4, 7], "dtype": "int64", "high": 5, "name": "ids"},
+        {"shape": [3], "dtype": "bool", "batch_dim": None, "name": "mask"},
+    ]
+    (model,) = spec_from_dict({"models": [{"name": "m", "source": "x:y", "inputs": inputs}]}).models
+    backend = JaxBackend()
+    args, kwargs = backend.make_inputs(model, 2, "bf16", "cpu:0")
+    again, _ = backend.make_inputs(model, 2, "bf16", "cpu:0")
+    (x,) = args
+    assert x.shape == (2, 16) and x.dtype == jnp.bfloat16 and x.devices() == {jax.devices("cpu")[0]}
+    assert np.array_equal(x, again[0])  # a fixed key: every run sees the same inputs
+    ids = np.asarray(kwargs["ids"])
+    assert ids.shape == (2, 7) and ids.dtype == np.int32  # int64 -> int32: JAX's default without jax_enable_x64
+    assert ids.min() >= 0 and ids.max() < 5
+    assert kwargs["mask"].shape == (3,) and not kwargs["mask"].any()
+
+
+def test_place_model_casts_params_and_call_model_returns_ready_outputs():
+    backend = JaxBackend()
+    placed = backend.place_model(mlp((16, 8, 4)), "bf16", "cpu:0")
+    leaves = jax.tree.leaves(placed.params)
+    assert {leaf.dtype for leaf in leaves} == {jnp.dtype("bfloat16")}
+    assert all(leaf.devices() == {jax.devices("cpu")[0]} for leaf in leaves)
+    x = jax.random.normal(jax.random.key(2), (2, 16), jnp.bfloat16)
+    out = backend.call_model(placed, (x,), {})
+    assert out.shape == (2, 4) and out.dtype == jnp.bfloat16 and out.is_ready()
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(jax_zoo_reference(placed.params, x), np.float32), rtol=2e-2, atol=2e-2)
+
+
+def jax_zoo_reference(params: list[dict], x: jax.Array) -> np.ndarray:
+    """The MLP computed in numpy float32 from the placed (bf16) params."""
+    h = np.asarray(x, np.float32)
+    for i, layer in enumerate(params):
+        h = h @ np.asarray(layer["w"], np.float32) + np.asarray(layer["b"], np.float32)
+        if i < len(params) - 1:
+            h = np.maximum(h, 0)
+    return h
+
+
+def test_models_are_accepted_in_the_documented_forms_only():
+    backend = JaxBackend()
+    placed = backend.place_model((dense_relu, {"w": jnp.ones((2, 2)), "b": jnp.zeros(2)}), "fp32", "cpu")
+    assert placed.params["w"].dtype == jnp.float32
+    with pytest.raises(UnsupportedError, match=r"JaxModel\(apply, params\) or an \(apply, params\) tuple, got function"):
+        backend.place_model(dense_relu, "fp32", "cpu")
+    with pytest.raises(UnsupportedError, match="cannot run precision 'fp8'; it supports fp32, bf16, fp16"):
+        backend.place_model(dense_relu_model(), "fp8", "cpu")
+
+
+def test_out_of_memory_is_xla_resource_exhausted():
+    backend = JaxBackend()
+    with pytest.raises(Exception) as caught:
+        jnp.zeros(10**15, jnp.uint8).block_until_ready()  # the CPU client refuses: RESOURCE_EXHAUSTED
+    assert backend.is_out_of_memory(caught.value)
+    assert backend.is_out_of_memory(MemoryError())
+    assert not backend.is_out_of_memory(ValueError("RESOURCE_EXHAUSTED in a message is not an XLA error"))
+
+
+def test_device_peak_is_exact_only_when_the_region_raised_it():
+    assert device_peak(None, "cpu", None) == MemoryPeak(method="unsupported: jax reports no peak_bytes_in_use for platform 'cpu'")
+    assert device_peak({"peak_bytes_in_use": 900}, "gpu", 500) == MemoryPeak(method=DEVICE_PEAK_RAISED, peak_bytes=900)
+    assert device_peak({"peak_bytes_in_use": 900}, "gpu", 900) == MemoryPeak(method=DEVICE_PEAK_BOUND, peak_bytes=900)
+
+
+# -- Tier 1 against hand-computed values ---------------------------------------------------------------------------------
+
+
+def test_parameter_count_is_the_sum_of_leaf_sizes(plugins):
+    result = profile(plugins, mlp((64, 128, 10)), [{"shape": [8, 64]}], ["count_params"], precision="bf16")
+    params = ok(result, "count_params")
+    total = (64 * 128 + 128) + (128 * 10 + 10)  # two dense layers: weights + biases
+    assert (params.total, params.trainable, params.non_trainable, params.buffers) == (total, total, 0, 0)
+    assert params.bytes_at_precision == total * 2 and params.precision == "bf16"
+    assert result.stages["count_params"].provided_by == "jax-tier1"
+
+
+def test_integer_leaves_keep_their_size_and_a_repeated_leaf_counts_once(plugins):
+    w = jnp.ones((3, 4))
+    params = {"w": w, "tied": w, "step": jnp.array(7, jnp.int32)}
+    counted = ok(profile(plugins, JaxModel(lambda p, x: x @ p["w"], params), [{"shape": [2, 3]}], ["count_params"], precision="fp16"), "count_params")
+    assert counted.total == 12 + 1  # w once, step once
+    assert counted.bytes_at_precision == 12 * 2 + 1 * 4  # floats at fp16, the int32 counter as stored
+
+
+def test_matmul_flops_equal_the_hand_count(plugins):
+    model = JaxModel(lambda p, x: x @ p["w"], {"w": jnp.ones((64, 32))})
+    flops = ok(profile(plugins, model, [{"shape": [8, 64]}], ["count_flops"]), "count_flops")
+    macs = 8 * 64 * 32  # x[8,64] @ W[64,32]: 8*32 outputs, 64 multiply-adds each
+    assert (flops.macs, flops.matrix_flops, flops.other_flops, flops.total_flops) == (macs, 2 * macs, 0, 2 * macs)
+    assert flops.counted_on == "xla-cost-analysis" and flops.by_phase == {"forward": 2 * macs}
+    assert flops.by_operator["dot_general"].calls == 1 and flops.by_operator["dot_general"].matrix_flops == 2 * macs
+
+
+def test_bias_and_relu_add_one_flop_per_output_element_each(plugins):
+    flops = ok(profile(plugins, dense_relu_model(), [{"shape": [8, 64]}], ["count_flops"]), "count_flops")
+    macs = 8 * 64 * 32
+    other = 8 * 32 + 8 * 32  # bias add and relu's max, one per output element (XLA's broadcast of b costs nothing)
+    assert (flops.macs, flops.other_flops, flops.total_flops) == (macs, other, 2 * macs + other)
+
+
+def test_traffic_and_activation_peak_equal_the_hand_count(plugins):
+    result = profile(plugins, dense_relu_model(), [{"shape": [8, 64]}], ["count_flops", "estimate_traffic"])
+    traffic = ok(result, "estimate_traffic")
+    f32 = 4
+    x, w, b, y, b_row = 8 * 64 * f32, 64 * 32 * f32, 32 * f32, 8 * 32 * f32, 1 * 32 * f32
+    # the jaxpr: d = dot(x, w); e = broadcast(b) -> [1,32]; f = add(d, e); g = max(f, 0.0) (inside relu's jit)
+    assert traffic.unfused_weight_read_bytes == w + b  # dot reads w, broadcast reads b
+    assert traffic.unfused_activation_read_bytes == x + (y + b_row) + y  # dot reads x, add reads d and e, max reads f
+    assert traffic.unfused_written_bytes == y + b_row + y + y  # d, e, f, g
+    assert traffic.unfused_bytes == (w + b) + (x + y + b_row + y) + (3 * y + b_row)
+    assert (traffic.weight_bytes, traffic.input_bytes, traffic.output_bytes) == (w + b, x, y)
+    assert traffic.fused_bytes == w + b + x + y
+    assert traffic.activation_peak_bytes == y + b_row + y  # during the add: d and e live, f being written
+    assert traffic.activation_peak_bytes_fp16 == (y + b_row + y) // 2
+    total = ok(result, "count_flops").total_flops
+    assert traffic.arithmetic_intensity_fused == total / traffic.fused_bytes
+    (record,) = traffic.op_records
+    assert (record.op, record.count, record.macs, record.flops) == ("dot_general", 1, 8 * 64 * 32, 2 * 8 * 64 * 32)
+    assert (record.bytes_read, record.bytes_written, record.inputs) == (x + w, y, "float32[8,64], float32[64,32]")
+
+
+def test_scan_counts_matrix_work_per_iteration_and_lists_what_xla_counts_once(plugins):
+    def apply(w, x):
+        return jax.lax.scan(lambda carry, _: (jnp.tanh(carry @ w), None), x, None, length=5)[0]
+
+    flops = ok(profile(plugins, JaxModel(apply, jnp.ones((64, 64))), [{"shape": [8, 64]}], ["count_flops"]), "count_flops")
+    assert flops.macs == 5 * 8 * 64 * 64  # five iterations of [8,64] @ [64,64]
+    # XLA counts the body once: one tanh per element (a transcendental) plus its loop counter's add and compare
+    assert flops.other_flops == 8 * 64 + 2
+    assert flops.uncounted_ops == {SCAN_REPEATS: 4}
+
+
+def test_padded_convolution_counts_every_tap_like_torch(plugins):
+    def apply(w, x):
+        y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        return jax.nn.relu(y)
+
+    model = JaxModel(apply, jnp.ones((16, 3, 3, 3)))
+    flops = ok(profile(plugins, model, [{"shape": [2, 3, 8, 8]}], ["count_flops"]), "count_flops")
+    macs = (2 * 16 * 8 * 8) * 3 * (3 * 3)  # outputs x input channels x kernel taps, padding taps included
+    assert flops.macs == macs
+    assert flops.other_flops == 2 * 16 * 8 * 8  # relu; XLA's conv count (padding skipped) is taken out exactly
+
+
+@pytest.mark.parametrize(
+    ("strides", "padding", "lhs_dilation", "rhs_dilation", "groups"),
+    [((1, 1), "SAME", (1, 1), (1, 1), 1), ((2, 2), "SAME", (1, 1), (1, 1), 1), ((1, 1), ((2, 1), (0, 3)), (1, 1), (2, 2), 1),
+     ((2, 2), ((1, 1), (1, 1)), (2, 2), (1, 1), 1), ((1, 1), "SAME", (1, 1), (1, 1), 3)],
+)
+def test_xla_convolution_count_is_reproduced_tap_by_tap(strides, padding, lhs_dilation, rhs_dilation, groups):
+    weights = jax.ShapeDtypeStruct((12, 6 // groups, 3, 3), jnp.float32)
+    images = jax.ShapeDtypeStruct((2, 6, 9, 7), jnp.float32)
+
+    def conv(w, x):
+        return jax.lax.conv_general_dilated(
+            x, w, strides, padding, lhs_dilation, rhs_dilation, ("NCHW", "OIHW", "NCHW"), feature_group_count=groups
+        )
+
+    traced = jax.jit(conv).trace(weights, images)
+    counts = jax_jaxpr.JaxprCounts()
+    jax_jaxpr.walk(traced.jaxpr.jaxpr, set(), counts)
+    ((call, _),) = counts.occurrences.items()
+    assert 2 * call.xla_macs == traced.lower().compile().cost_analysis()["flops"]
+
+
+def test_transposed_convolution_counts_input_positions_like_torch():
+    w = jax.ShapeDtypeStruct((12, 6, 3, 3), jnp.float32)
+    x = jax.ShapeDtypeStruct((2, 6, 9, 7), jnp.float32)
+    dn = ("NCHW", "OIHW", "NCHW")
+    traced = jax.jit(lambda w, x: jax.lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)), (2, 2), None, dn)).trace(w, x)
+    counts = jax_jaxpr.JaxprCounts()
+    jax_jaxpr.walk(traced.jaxpr.jaxpr, set(), counts)
+    ((call, _),) = counts.executions.items()
+    assert call.macs == (2 * 6 * 9 * 7) * 12 * (3 * 3)  # input elements x output channels x kernel taps
+
+
+def test_count_options_apply_as_for_torch(plugins):
+    def apply(params, x):
+        y = jax.lax.conv_general_dilated(x, params["conv"], (1, 1), "VALID", dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        return y.reshape(y.shape[0], -1) @ params["head"]
+
+    model = JaxModel(apply, {"conv": jnp.ones((4, 3, 3, 3)), "head": jnp.ones((4 * 6 * 6, 5))})
+    inputs = [{"shape": [2, 3, 8, 8]}]
+    flops = ok(profile(plugins, model, inputs, ["count_flops"], options={"count_flops": {"top_k": 1, "batch_size": 3}}), "count_flops")
+    conv_macs, head_macs = 3 * (4 * 6 * 6) * 3 * 9, 3 * (4 * 6 * 6) * 5  # batch 3, as the options ask
+    assert flops.macs == conv_macs + head_macs and flops.top_k == 1
+    assert list(flops.by_operator) == ["conv_general_dilated", OTHERS]  # the larger kept, the rest summed
+    assert flops.by_operator[OTHERS].matrix_flops == 2 * head_macs
+    backward = profile(plugins, model, inputs, ["count_flops"], options={"count_flops": {"backward": True}})
+    assert "counts forward passes only" in backward.stages["count_flops"].error
+
+
+def test_abstract_params_are_counted_but_never_run(plugins):
+    params = {"w": jax.ShapeDtypeStruct((64, 32), jnp.float32)}
+    result = profile(plugins, JaxModel(lambda p, x: x @ p["w"], params), [{"shape": [8, 64]}], ["count_params", "count_flops", "measure_latency"])
+    assert ok(result, "count_params").total == 64 * 32
+    assert ok(result, "count_flops").macs == 8 * 64 * 32
+    assert "params are abstract (jax.ShapeDtypeStruct), so it cannot run" in result.stages["measure_latency"].error
+
+
+def test_data_dependent_loops_are_refused_out_loud(plugins):
+    def apply(w, x):
+        return jax.lax.while_loop(lambda c: c.sum() < 100.0, lambda c: c @ w, x)
+
+    result = profile(plugins, JaxModel(apply, jnp.ones((4, 4))), [{"shape": [2, 4]}], ["count_flops"])
+    assert result.stages["count_flops"].status == "failed"
+    assert "cannot count 'while'" in result.stages["count_flops"].error
+
+
+# -- the whole pipeline ------------------------------------------------------------------------------------------------
+
+
+def test_an_mlp_through_tier1_and_measured_latency(plugins, tmp_path):
+    stages = [*TIER1, "measure_latency"]
+    options = {"count_flops": {}, "measure_latency": FAST_LATENCY}  # Tier 1 at count_flops' default batch size, 1
+    result = profile(plugins, mlp((64, 32, 10)), [{"shape": [8, 64]}], stages, batch_sizes=[1, 4], options=options)
+    assert ok(result, "count_params").total == (64 * 32 + 32) + (32 * 10 + 10)
+    assert ok(result, "count_flops").macs == 1 * 64 * 32 + 1 * 32 * 10
+    assert ok(result, "estimate_traffic").weight_bytes == 4 * ((64 * 32 + 32) + (32 * 10 + 10))
+    measured = ok(result, "measure_latency")
+    assert measured.samples_count >= 5 and 0 < measured.min_ms <= measured.max_ms
+    assert [t.batch_size for t in measured.throughput] == [1, 4] and all(t.samples_per_s > 0 for t in measured.throughput)
+    assert measured.peak_memory.peak_bytes > 0 and "RSS" in measured.peak_memory.method
+    assert all(result.stages[stage].provided_by == "jax-tier1" for stage in TIER1)
+
+
+def test_the_example_spec_runs_tier1(plugins):
+    spec = load_spec(SPECS / "jax_mlp.toml")
+    assert spec.backend == "jax" and spec.stages[:3] == tuple(TIER1)
+    tier1_only = attrs.evolve(spec, gpus=())  # no roofline here, so its GPU names need no pack
+    run = run_spec(tier1_only, plugins=plugins, output=None, stages=TIER1)
+    assert run.ok, [(m.name, s, r.error) for m in run.models for s, r in m.stages.items() if r.status != "ok"]
+    assert run.model("mlp").result("count_params").total == (784 * 512 + 512) + (512 * 512 + 512) + (512 * 10 + 10)

@@ -1,0 +1,169 @@
+"""The measure_latency stage on real torch models on the CPU, with a hand-built StageContext.
+
+Models that sleep a known time make the expected figures computable: a call that sleeps 2 ms has a 2 ms latency at
+batch 1 whatever the batch sizes, and processes ``batch / 2 ms`` samples per second. Sleep overshoots by well under
+1 ms on Linux, which sets the tolerances.
+"""
+
+from __future__ import annotations
+
+import time
+import tomllib
+
+import numpy as np
+import pytest
+import tomli_w
+import torch
+
+from rpx_core import stats
+from rpx_core.backends import Timer
+from rpx_core.context import Job, StageContext
+from rpx_core.convert import converter, structure
+from rpx_core.errors import SpecError
+from rpx_core.results import to_data
+from rpx_core.spec import InputSpec, ModelSpec
+from rpx_core.tier3 import LatencyOptions, LatencyResult
+from rpx_plugins import latency
+from rpx_plugins.cpu_backend import CpuBackend
+from rpx_plugins.system_card import machine_card
+
+FAST = dict(warmup_calls=2, warmup_seconds=0.0, throughput_seconds=0.05, throughput_min_calls=3)
+
+
+class Sleeper(torch.nn.Module):
+    """Sleeps ``seconds`` per call whatever the batch size; fails like a real allocator from ``oom_from`` on."""
+
+    def __init__(self, seconds: float, oom_from: int | None = None, error_from: int | None = None) -> None:
+        super().__init__()
+        self.seconds, self.oom_from, self.error_from = seconds, oom_from, error_from
+        self.inference_mode_seen: set[bool] = set()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.inference_mode_seen.add(torch.is_inference_mode_enabled())
+        if self.oom_from is not None and x.shape[0] >= self.oom_from:
+            torch.empty(10**15, dtype=torch.uint8)  # the CPU allocator's real out-of-memory error
+        if self.error_from is not None and x.shape[0] >= self.error_from:
+            raise ValueError("a bug in the model, not a lack of memory")
+        time.sleep(self.seconds)
+        return x * 2
+
+
+def context(model: torch.nn.Module, options: LatencyOptions, batch_sizes: tuple[int, ...] = (1,), features: int = 16) -> StageContext:
+    spec = ModelSpec(name="m", source="tests:handmade", inputs=(InputSpec((1, features)),))
+    job = Job(spec, "cpu", "cpu", "fp32", ("measure_latency",), {"measure_latency": options}, (), batch_sizes)
+    return StageContext(job, CpuBackend(), plugins=None, gpu_catalog=None, model_object=model)
+
+
+def test_latency_is_per_call_at_batch_1_and_throughput_is_per_batch():
+    model = Sleeper(0.002)
+    options = LatencyOptions(min_samples=64, keep_samples=True, **FAST)
+    result = latency.measure_latency(context(model, options, batch_sizes=(1, 8)))
+    assert result.samples_count == 64 and result.stopped_by == "min_samples" and result.measured_batch_size == 1
+    assert 2.0 <= result.p50_ms < 3.0  # one call, not 2 ms / 8
+    # every summary figure is what numpy computes from the kept samples
+    samples = np.array(result.samples_ms)
+    assert len(samples) == 64
+    assert result.p50_ms == pytest.approx(float(np.percentile(samples, 50)), rel=1e-12)
+    assert result.p90_ms == pytest.approx(float(np.percentile(samples, 90)), rel=1e-12)
+    assert result.mean_ms == pytest.approx(float(samples.mean()), rel=1e-12)
+    assert result.std_ms == pytest.approx(float(samples.std()), rel=1e-9)
+    assert (result.min_ms, result.max_ms) == (samples.min(), samples.max())
+    assert result.iqr_ms == pytest.approx(float(np.subtract(*np.percentile(samples, [75, 25]))), rel=1e-12)
+    assert result.spread == pytest.approx(result.iqr_ms / result.p50_ms)
+    # 64 samples claim p90 but not p95/p99: those are absent and listed, not zero
+    assert result.p95_ms is None and result.p99_ms is None
+    assert result.unclaimed_percentiles == ("p95", "p99")
+    one, eight = result.throughput
+    for row in (one, eight):
+        assert row.samples_per_s == pytest.approx(row.calls * row.batch_size / row.seconds, rel=1e-12)
+        assert row.calls >= 3 and row.peak_memory is not None and row.error is None
+    assert 8 / 0.003 < eight.samples_per_s <= 8 / 0.002
+    assert 1 / 0.003 < one.samples_per_s <= 1 / 0.002
+    assert model.inference_mode_seen == {True}
+
+
+def test_complete_result_for_a_small_mlp_round_trips_through_toml():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    ctx = context(model, LatencyOptions(**FAST), batch_sizes=(1, 4), features=64)
+    ctx.results["system_card"] = machine_card("torch")
+    result = latency.measure_latency(ctx)
+    assert result.samples_count == 662 and result.unclaimed_percentiles == ()
+    assert 0 < result.min_ms <= result.p50_ms <= result.p90_ms <= result.p95_ms <= result.p99_ms <= result.max_ms
+    assert result.percentile_method == stats.PERCENTILE_METHOD
+    assert result.clock == Timer.clock
+    assert result.threads == {"torch_intra_op": torch.get_num_threads(), "torch_inter_op": torch.get_num_interop_threads()}
+    assert result.peak_memory.peak_bytes > 0 and result.peak_memory.method
+    assert result.warmup_calls >= 2 and result.samples_ms is None
+    assert result.system_summary == machine_card("torch").summary()
+    assert [row.batch_size for row in result.throughput] == [1, 4]
+    text = tomli_w.dumps(to_data(result))
+    assert converter.structure(tomllib.loads(text), LatencyResult) == result
+
+
+def test_time_cap_stops_sampling_and_says_so():
+    options = LatencyOptions(min_samples=10_000, max_seconds=0.05, **FAST)
+    result = latency.measure_latency(context(Sleeper(0.002), options))
+    assert result.stopped_by == "max_seconds"
+    assert 0.05 <= result.sampling_seconds < 0.1
+    assert 10 <= result.samples_count < 30
+    assert result.unclaimed_percentiles == ("p90", "p95", "p99")
+    assert result.p90_ms is None
+
+
+def test_one_sample_is_always_taken():
+    sampling = latency.sample_calls(lambda: time.sleep(0.02), Timer(lambda: None), min_samples=100, max_seconds=0.001)
+    assert len(sampling.samples_s) == 1 and sampling.stopped_by == "max_seconds"
+    assert sampling.samples_s[0] >= 0.02
+
+
+def test_warm_up_meets_both_its_count_and_its_time():
+    by_time = latency.warm_up(lambda: time.sleep(0.001), lambda: None, calls=3, seconds=0.05)
+    assert by_time.seconds >= 0.05 and by_time.calls > 3
+    by_count = latency.warm_up(lambda: None, lambda: None, calls=30, seconds=0.0)
+    assert by_count.calls == 30
+    none = latency.warm_up(lambda: None, lambda: None, calls=0, seconds=0.0)
+    assert none.calls == 0 and none.median_call_seconds is None
+
+
+def test_throughput_call_count_fills_the_time_asked_for():
+    options = LatencyOptions(throughput_seconds=1.0, throughput_min_calls=10)
+    assert latency.throughput_calls(options, 0.01) == 100
+    assert latency.throughput_calls(options, 0.5) == 10
+    assert latency.throughput_calls(options, None) == 10
+
+
+def test_out_of_memory_at_a_batch_size_is_recorded_and_larger_ones_skipped():
+    model = Sleeper(0.0005, oom_from=16)
+    result = latency.measure_latency(context(model, LatencyOptions(min_samples=10, **FAST), batch_sizes=(1, 16, 32, 4)))
+    rows = {row.batch_size: row for row in result.throughput}
+    assert rows[1].samples_per_s and rows[4].samples_per_s
+    assert rows[16].error.startswith("out of memory: RuntimeError") and rows[16].samples_per_s is None
+    assert rows[32].error == "not tried: batch size 16 ran out of memory" and rows[32].calls is None
+
+
+def test_other_errors_fail_the_stage():
+    model = Sleeper(0.0, error_from=4)
+    with pytest.raises(ValueError, match="a bug in the model"):
+        latency.measure_latency(context(model, LatencyOptions(min_samples=10, **FAST), batch_sizes=(1, 4)))
+
+
+def test_noise_warning_names_the_spread():
+    assert latency.noise_warning(0.05, 0.1) is None
+    assert "spans 23% of the median (threshold 10%)" in latency.noise_warning(0.23, 0.1)
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match="min_samples must be > 0"):
+        LatencyOptions(min_samples=0)
+    with pytest.raises(ValueError, match="warmup_seconds must be >= 0"):
+        LatencyOptions(warmup_seconds=-1)
+    where = {"where": "s.toml", "base_path": "options.measure_latency"}
+    assert structure({"min_samples": 130, "keep_samples": True}, LatencyOptions, **where) == LatencyOptions(min_samples=130, keep_samples=True)
+    with pytest.raises(SpecError, match="options.measure_latency: unknown key 'min_sample'; did you mean 'min_samples'"):
+        structure({"min_sample": 130}, LatencyOptions, **where)
+    with pytest.raises(SpecError, match="options.measure_latency: .*max_seconds must be > 0, got 0"):
+        structure({"max_seconds": 0}, LatencyOptions, **where)
+
+
+def test_builtin_hook_is_registered_last():
+    assert latency.rpx_measure_latency.rpx_impl["trylast"] is True
