@@ -25,6 +25,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import attrs  # noqa: E402
 from machine import describe_machine  # noqa: E402
 
 from rpx_core.backends import MemoryPeak  # noqa: E402
@@ -60,21 +61,21 @@ def decoder():
 
 def stage_context(backend: CpuBackend, model) -> StageContext:
     spec = ModelSpec(name="decoder", source="bench:decoder", inputs=(InputSpec(INPUT),))
-    return StageContext(Job(spec, "cpu", "cpu", "fp32", ("batch_search",), {}, (), (1,)), backend, None, None, model_object=model)
+    job = Job(spec, "cpu", "cpu", "fp32", ("batch_search",), {}, (), (1,))
+    return StageContext(job, backend, None, None, model_object=model)
 
 
 def scan(backend: CpuBackend, model, sizes: range) -> dict[int, int]:
+    """Peak RSS of one call at each size (after one warm-up call at batch 1), read directly from the backend."""
     import torch
 
     peaks = {}
     with torch.inference_mode():
+        model(torch.randn(INPUT))
         for size in sizes:
             backend.reset_peak_memory("cpu")
-            x = torch.randn(size, *INPUT[1:])
-            model(x)
-            model(x)
+            model(torch.randn(size, *INPUT[1:]))
             peaks[size] = backend.read_peak_memory("cpu").peak_bytes
-            del x
     return peaks
 
 
@@ -104,34 +105,62 @@ def rpx_on_oracle(used_at: Callable[[int], int], usable: int) -> tuple[int | Non
     tracker = BatchTracker((1.0,), usable)
     while (sizes := planner.next_combination(tracker.trials)) is not None:
         tracker.begin_trial(sizes)
-        tracker.record_stage(0, calls=1, seconds=0.01 + 0.001 * sizes[0], peak=MemoryPeak("oracle", peak_bytes=used_at(sizes[0])))
+        peak = MemoryPeak("oracle", peak_bytes=used_at(sizes[0]))
+        tracker.record_stage(0, calls=1, seconds=0.01 + 0.001 * sizes[0], peak=peak)
         tracker.end_trial(seconds=0.0)
-    return planner.result(tracker.trials, budget_bytes=usable, safety_margin_bytes=0, budget_enforced=False, memory_method="oracle").stages[0].largest_fitting_batch, len(tracker.trials)
+    result = planner.result(tracker.trials, budget_bytes=usable, safety_margin_bytes=0, budget_enforced=False, memory_method="")
+    return result.stages[0].largest_fitting_batch, len(tracker.trials)
 
 
-def real_runs(backend: CpuBackend, model, peaks: dict[int, int]) -> list[tuple[int, int, int, int, float, int, int, float]]:
-    rows = []
-    context = stage_context(backend, model)
-    for limit in REAL_LIMITS:
-        budget = (peaks[limit] + peaks[limit + 1]) // 2
-        options = BatchSearchOptions(memory_budget=budget, safety_margin=0, trial_seconds=0.01, gain_threshold=0.0, resolution=RESOLUTION, max_batch=MAX_BATCH)
-        started = time.perf_counter()
-        result = rpx_batch_search(RunContext([context], options, backend, None, None))
-        rpx_seconds = time.perf_counter() - started
+@attrs.frozen
+class RealRun:
+    limit: int  # the scan's largest fitting size
+    rpx_found: int | None
+    rpx_trials: int
+    rpx_seconds: float
+    base_found: int | None
+    base_trials: int
+    base_seconds: float
 
-        tracker = BatchTracker((1.0,), budget)
-        runner = TrialRunner(backend, "cpu", [context], [context.model()], tracker, 0.01)
 
-        def fits(size: int) -> bool:
-            runner.run((size,), concurrent=False)
-            return tracker.trials[-1].ok
+def real_run(backend: CpuBackend, context: StageContext, budget: int, limit: int) -> RealRun:
+    """Both strategies with real trials (warm-up, timed calls, peak RSS) under ``budget``."""
+    options = BatchSearchOptions(
+        memory_budget=budget, safety_margin=0, trial_seconds=0.01, gain_threshold=0.0, resolution=RESOLUTION,
+        max_batch=MAX_BATCH,
+    )
+    started = time.perf_counter()
+    result = rpx_batch_search(RunContext([context], options, backend, None, None))
+    rpx_seconds = time.perf_counter() - started
 
-        started = time.perf_counter()
-        found, trials = doubling_then_bisection(fits)
-        base_seconds = time.perf_counter() - started
-        context.release()
-        rows.append((limit, result.stages[0].largest_fitting_batch, result.trial_count, found, trials, rpx_seconds, base_seconds))
-    return rows
+    tracker = BatchTracker((1.0,), budget)
+    runner = TrialRunner(backend, "cpu", [context], [context.model()], tracker, options.trial_seconds)
+
+    def fits(size: int) -> bool:
+        runner.run((size,), concurrent=False)
+        return tracker.trials[-1].ok
+
+    started = time.perf_counter()
+    found, trials = doubling_then_bisection(fits)
+    base_seconds = time.perf_counter() - started
+    context.release()
+    rpx_found = result.stages[0].largest_fitting_batch
+    return RealRun(limit, rpx_found, result.trial_count, rpx_seconds, found, trials, base_seconds)
+
+
+def oracle_sweep(used_at: Callable[[int], int]) -> tuple[list[int], list[int], list[tuple[int, int | None]]]:
+    """Trials of both strategies for limits 3..250 (budgets halfway between two sizes); results off by over 5%."""
+    rpx_trials, base_trials, misses = [], [], []
+    for limit in range(3, 251):
+        usable = (used_at(limit) + used_at(limit + 1)) // 2
+        for found, trials, counts in (
+            (*rpx_on_oracle(used_at, usable), rpx_trials),
+            (*doubling_then_bisection(lambda size: used_at(size) <= usable), base_trials),
+        ):
+            counts.append(trials)
+            if found is None or not limit / (1 + RESOLUTION) <= found <= limit:
+                misses.append((limit, found))
+    return rpx_trials, base_trials, misses
 
 
 def main() -> None:
@@ -145,29 +174,26 @@ def main() -> None:
           f"{line.slopes[0] / MB:.1f} MB/sample (rms residual {line.rms_residual / MB:.1f} MB)")
 
     print("\n1. real trials on the cpu backend (true limit from the scan)")
-    print(f"{'true':>5} {'rpx found':>9} {'rpx trials':>10} {'rpx s':>6} {'binsearch found':>15} {'trials':>6} {'s':>6} {'ratio':>6}")
-    real = real_runs(backend, model, peaks)
-    for limit, found, trials, base_found, base_trials, seconds, base_seconds in real:
-        print(f"{limit:>5} {found:>9} {trials:>10} {seconds:>6.1f} {base_found:>15} {base_trials:>6} {base_seconds:>6.1f} {trials / base_trials:>6.2f}")
-    print(f"{'all':>5} {'':>9} {sum(r[2] for r in real):>10} {'':>6} {'':>15} {sum(r[4] for r in real):>6} {'':>6} "
-          f"{sum(r[2] for r in real) / sum(r[4] for r in real):>6.2f}")
+    print(f"{'true':>5} {'rpx found':>9} {'trials':>6} {'s':>5}   {'binsearch found':>15} {'trials':>6} {'s':>5}   ratio")
+    context = stage_context(backend, model)
+    runs = [real_run(backend, context, (peaks[limit] + peaks[limit + 1]) // 2, limit) for limit in REAL_LIMITS]
+    for r in runs:
+        print(f"{r.limit:>5} {r.rpx_found:>9} {r.rpx_trials:>6} {r.rpx_seconds:>5.1f}   {r.base_found:>15} "
+              f"{r.base_trials:>6} {r.base_seconds:>5.1f}   {r.rpx_trials / r.base_trials:.2f}")
+    rpx_total, base_total = sum(r.rpx_trials for r in runs), sum(r.base_trials for r in runs)
+    print(f"  all: {rpx_total} trials vs {base_total}: ratio {rpx_total / base_total:.2f}")
 
     def used_at(size: int) -> int:
         return peaks[size] if size in peaks else int(line.intercept + line.slopes[0] * size)
 
-    rpx_trials, base_trials, misses = [], [], []
-    for limit in range(3, 251):
-        usable = (used_at(limit) + used_at(limit + 1)) // 2
-        for search, trials in ((lambda: rpx_on_oracle(used_at, usable), rpx_trials), (lambda: doubling_then_bisection(lambda s: used_at(s) <= usable), base_trials)):
-            found, count = search()
-            trials.append(count)
-            if found is None or not limit / (1 + RESOLUTION) <= found <= limit:
-                misses.append((limit, found))
-    print(f"\n2. calibrated oracle (the scan's curve, its line beyond {SCAN_UP_TO}), true limits 3..250, {len(rpx_trials)} budgets")
+    rpx_trials, base_trials, misses = oracle_sweep(used_at)
+    print(f"\n2. calibrated oracle (the scan's curve; its line beyond {SCAN_UP_TO}), limits 3..250, {len(rpx_trials)} budgets")
     for name, trials in (("rpx batch_search", rpx_trials), ("doubling+bisection", base_trials)):
-        print(f"{name:>20}: mean {statistics.mean(trials):.2f} trials, median {statistics.median(trials)}, max {max(trials)}")
+        print(f"{name:>20}: mean {statistics.mean(trials):.2f} trials, median {statistics.median(trials)}, "
+              f"max {max(trials)}")
     ratio = statistics.mean(rpx_trials) / statistics.mean(base_trials)
-    print(f"ratio rpx / doubling+bisection: {ratio:.2f} (target <= 0.5); results outside 5% of the true limit: {misses or 'none'}")
+    print(f"ratio rpx / doubling+bisection: {ratio:.2f} (target <= 0.5); "
+          f"results not within 5% at or below the true limit: {misses or 'none'}")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ Each stage searches on its own line (the other stages fixed):
 3. confirm or bisect: a size that fits becomes the new floor and the line is refitted; a size that fails becomes the
    ceiling. After a failure without a reading (a hard out-of-memory), or two failures in a row, the next try is
    the midpoint, otherwise the refitted prediction; where the line is too rough (its residuals) to rule out the
-   next size, that size is tried. A stage stops when no untried size between floor and ceiling is more than ``resolution``
-   above the floor, when the line says the next size cannot fit, at ``max_batch``, or when doubling its batch size
-   raised its frames/s by less than ``gain_threshold`` (a plateau).
+   next size, that size is tried. A stage stops when no untried size between floor and ceiling is more than
+   ``resolution`` above the floor, when the line says the next size cannot fit, at ``max_batch``, or when doubling
+   its batch size raised its frames/s by less than ``gain_threshold`` (a plateau).
 
 Sizes at or above a failure are never tried again: memory is assumed monotone in every batch size.
 
@@ -189,7 +189,10 @@ class BatchPlanner:
             next_slowest = sorted(rates)[1]
             needed = math.ceil(current * next_slowest / rates[stage])
             proposal = min(proposal, max(needed, BOTTLENECK_GROWTH * current))
-        return tuple(proposal if index == stage else size for index, size in enumerate(incumbent.batch_sizes))
+        grown = tuple(proposal if index == stage else size for index, size in enumerate(incumbent.batch_sizes))
+        if grown in {trial.batch_sizes for trial in trials}:  # possible after a rebalance shrank a stage
+            return self._rebalanced(trials)
+        return grown
 
     def _rebalanced(self, trials: Sequence[Trial]) -> tuple[int, ...] | None:
         """Once the bottleneck cannot grow: the combination the fitted memory plane and per-call time lines predict

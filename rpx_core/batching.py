@@ -84,7 +84,9 @@ def parse_memory_amount(value: int | float | str, allow_zero: bool = False) -> M
         return _fraction(value)
     match = _AMOUNT.match(value)
     if match is None:
-        raise ValueError(f"{value!r} is not a memory amount: give bytes, a size with a unit (6GB, 512MiB) or a fraction (0.8)")
+        raise ValueError(
+            f"{value!r} is not a memory amount: give bytes, a size with a unit (6GB, 512MiB) or a fraction (0.8)"
+        )
     number, unit = float(match.group(1)), match.group(2).lower()
     if not unit:
         return _fraction(number) if "." in match.group(1) or number <= 1 else MemoryAmount(bytes=int(number))
@@ -403,7 +405,8 @@ def format_table(result: BatchSearchResult) -> str:
     """The trials as a text table: batch sizes and frames/s per stage, pipeline frames/s, memory in MB, outcome.
     The chosen trial is marked with ``*``."""
     names = [stage.name for stage in result.stages]
-    header = ["#", "batch sizes", *[f"{name} fps" for name in names], "pipeline fps", "used MB", "reserved MB", "outcome", "s"]
+    header = ["#", "batch sizes", *[f"{name} fps" for name in names], "pipeline fps", "used MB", "reserved MB"]
+    header += ["outcome", "s"]
     rows = [header]
     for trial in result.trials:
         mark = "*" if trial.index == result.chosen_trial else " "

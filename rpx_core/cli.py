@@ -165,6 +165,9 @@ def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Nam
             raise
         print(f"rpx: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # output piped into `head` and closed early: not an error
+        sys.stderr.close()
+        return EXIT_OK
     except KeyboardInterrupt:
         print("rpx: interrupted (results measured so far are in the results file)", file=sys.stderr)
         return 130

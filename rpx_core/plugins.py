@@ -131,8 +131,11 @@ class Plugins:
         return list(self._infos)
 
     def _provider(self, plugin_name: str) -> str:
+        return f"plugin {plugin_name!r} ({self._distribution(plugin_name)})"
+
+    def _distribution(self, plugin_name: str) -> str:
         info = next(info for info in self._infos if info.name == plugin_name)
-        return f"plugin {plugin_name!r} ({info.distribution} {info.version})"
+        return f"{info.distribution} {info.version}"
 
     # -- registrations -------------------------------------------------------------------------------------------------
 
@@ -184,7 +187,7 @@ class Plugins:
         for impl in reversed(self._pm.hook.rpx_register_gpu_packs.get_hookimpls()):
             for path in impl.function() or ():
                 path = Path(path) if isinstance(path, str) else path  # Path or importlib.resources Traversable
-                packs.append(load_pack(path, provider=self._provider(impl.plugin_name)))
+                packs.append(load_pack(path, provider=self._distribution(impl.plugin_name)))
         packs.extend(load_pack(Path(path), provider="user file") for path in extra_packs)
         return GPUCatalog(packs, choose=choose.gpus if choose else {})
 

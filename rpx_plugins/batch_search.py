@@ -72,7 +72,10 @@ def pipeline_stages(contexts: Sequence[StageContext], names: Sequence[str]) -> l
     by_name = {context.job.model.name: context for context in contexts}
     unknown = [name for name in names if name not in by_name]
     if unknown:
-        raise RpxError(f"options.batch_search.pipeline: no model named {', '.join(map(repr, unknown))}; the spec has {', '.join(by_name)}")
+        raise RpxError(
+            f"options.batch_search.pipeline: no model named {', '.join(map(repr, unknown))}; "
+            f"the spec has {', '.join(by_name)}"
+        )
     if len(set(names)) != len(names):
         raise RpxError(f"options.batch_search.pipeline: a model appears twice in {list(names)}")
     stages = [by_name[name] for name in names] if names else list(contexts)
@@ -98,7 +101,10 @@ def device_memory_bytes(device: str) -> int:
         import torch
 
         return torch.mps.recommended_max_memory()
-    raise UnsupportedError(f"a fractional memory_budget needs device {device!r}'s memory size, which rpx cannot read; give bytes or a size with a unit")
+    raise UnsupportedError(
+        f"a fractional memory_budget needs device {device!r}'s memory size, which rpx cannot read; "
+        "give bytes or a size with a unit"
+    )
 
 
 def _require_memory_readings(backend: Backend, device: str, enforced: bool) -> None:
@@ -166,7 +172,8 @@ class TrialRunner:
                 error = f"{type(exc).__name__}: {exc}"
                 drop_frames(exc)
             if error is None:
-                self.tracker.record_stage(stage, calls=calls, seconds=seconds, peak=self.backend.read_peak_memory(self.device))
+                peak = self.backend.read_peak_memory(self.device)
+                self.tracker.record_stage(stage, calls=calls, seconds=seconds, peak=peak)
             else:  # the exception and the frames holding the inputs are gone here
                 self.backend.recover_from_oom(self.device)
                 self.tracker.record_stage(stage, failure="oom", error=error)
@@ -193,7 +200,7 @@ class TrialRunner:
             self.tracker.record_stage(stage, calls=calls, seconds=seconds)
 
         self.backend.reset_peak_memory(self.device)
-        threads = [threading.Thread(target=work, args=(stage,), name=f"rpx-batch-stage-{stage}") for stage in range(len(sizes))]
+        threads = [threading.Thread(target=work, args=(stage,), name=f"rpx-batch-{stage}") for stage in range(len(sizes))]
         for thread in threads:
             thread.start()
         for thread in threads:

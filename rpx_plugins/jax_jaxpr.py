@@ -31,6 +31,7 @@ CALL_JAXPR = {
     "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "scan": "jaxpr",
 }
 
+
 @attrs.frozen
 class MatrixCall:
     """One kind of matrix equation: the figures are for one execution."""
@@ -126,12 +127,13 @@ def walk(jaxpr: Any, weights: set[Any], counts: JaxprCounts, times: int = 1, sco
     from jax.extend.core import Var
 
     for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
         path = "/".join(part for part in (scope, str(eqn.source_info.name_stack)) if part)
         call = called(eqn)
         if call is not None:
             inner, repeat = call
             inner_weights = {v for v, outer in zip(inner.invars, eqn.invars) if isinstance(outer, Var) and outer in weights}
-            if eqn.primitive.name == "scan":
+            if name == "scan":
                 counts.scan_repeats += times * repeat - 1
             walk(inner, inner_weights | set(inner.constvars), counts, times * repeat, path)
             continue
@@ -142,10 +144,10 @@ def walk(jaxpr: Any, weights: set[Any], counts: JaxprCounts, times: int = 1, sco
         counts.weight_read_bytes += times * weight_read
         counts.activation_read_bytes += times * (read - weight_read)
         counts.written_bytes += times * written
-        if eqn.primitive.name in MATRIX_PRIMITIVES:
-            name = eqn.primitive.name
+        if name in MATRIX_PRIMITIVES:
             macs, xla_macs = (dot_macs(eqn),) * 2 if name == "dot_general" else conv_macs(eqn)
-            matrix = MatrixCall(name, path or ROOT_MODULE, ", ".join(shape_text(v.aval) for v in operands), macs, xla_macs, read, written)
+            inputs = ", ".join(shape_text(v.aval) for v in operands)
+            matrix = MatrixCall(name, path or ROOT_MODULE, inputs, macs, xla_macs, read, written)
             counts.executions[matrix] += times
             counts.occurrences[matrix] += 1
 

@@ -158,7 +158,8 @@ def analyse(ctx: StageContext) -> Analysis:
         cost=cost_dict(compiled),
         jaxpr=jaxpr,
         xla_buffer_bytes=xla_buffers(compiled),
-        weight_bytes=count_params(jax_model(ctx).params, ctx.job.precision).bytes_at_precision,
+        weight_bytes=count_params(jax_model(ctx).params, ctx.job.precision).bytes_at_precision
+        + sum(nbytes(v.aval) for v in jaxpr.constvars),
         input_bytes=sum(nbytes(leaf) for leaf in jax.tree.leaves((args, kwargs))),
         output_bytes=sum(nbytes(aval) for aval in traced.jaxpr.out_avals),
         platform=resolve_device(ctx.job.device).platform,
@@ -251,8 +252,8 @@ def traffic_result(analysis: Analysis, options: CountOptions) -> TrafficResult:
             "included, though XLA may make them free); scan bodies count once per iteration; literals are not reads",
             f"XLA's bytes accessed by the compiled, fused program on {analysis.platform}: "
             f"{reported(analysis.cost.get('bytes accessed'))} (not used above)",
-            "weight_bytes: every params leaf once, floating leaves at the precision's dtype; reads of the function's "
-            "closed-over constants count as weight reads",
+            "weight_bytes: every params leaf once (floating leaves at the precision's dtype) plus the arrays the "
+            "function closes over (constants, at their own dtype); reads of either count as weight reads",
             "activation_peak_bytes: liveness over the jaxpr, unfused (each equation's results held from creation to last "
             "use, outputs to the end; params and inputs excluded); _fp16 recounts floating values at 2 bytes",
             f"XLA's temp + output buffers for the compiled program on {analysis.platform}: {reported(analysis.xla_buffer_bytes)} "

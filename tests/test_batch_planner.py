@@ -39,7 +39,8 @@ def simulate(planner: BatchPlanner, used: Callable, rate: Rate, hard_limit: int 
         for trial in tracker.trials:
             assert sizes != trial.batch_sizes, f"{sizes} ran before"
             if not trial.ok:
-                assert not all(a >= b for a, b in zip(sizes, trial.batch_sizes)), f"{sizes} is dominated by failed {trial.batch_sizes}"
+                dominated = all(a >= b for a, b in zip(sizes, trial.batch_sizes))
+                assert not dominated, f"{sizes} is dominated by failed {trial.batch_sizes}"
         tracker.begin_trial(sizes)
         if planner.concurrent:
             total = used(sizes)
@@ -56,9 +57,13 @@ def simulate(planner: BatchPlanner, used: Callable, rate: Rate, hard_limit: int 
             if hard_limit is not None and amount > hard_limit:
                 tracker.record_stage(stage, failure="oom", error="SyntheticOOM: over the hard limit")
             else:
-                tracker.record_stage(stage, calls=10, seconds=10 * size / rate(stage, size), peak=MemoryPeak("synthetic", peak_bytes=amount))
+                peak = MemoryPeak("synthetic", peak_bytes=amount)
+                tracker.record_stage(stage, calls=10, seconds=10 * size / rate(stage, size), peak=peak)
         tracker.end_trial(seconds=1.0)
-    return planner.result(tracker.trials, budget_bytes=planner.usable_bytes, safety_margin_bytes=0, budget_enforced=False, memory_method="synthetic")
+    return planner.result(
+        tracker.trials, budget_bytes=planner.usable_bytes, safety_margin_bytes=0, budget_enforced=False,
+        memory_method="synthetic",
+    )
 
 
 def planner(usable: int, stages: int = 1, **kwargs) -> BatchPlanner:
@@ -160,7 +165,7 @@ def test_batch_one_not_fitting_is_reported_not_a_crash():
     result = simulate(p, lambda stage, b: sizes[stage][0] + sizes[stage][1] * b, overhead_rate)
     assert result.trial_count == 1 and not result.feasible
     assert result.chosen_batch_sizes is None and result.last_failed
-    assert "stage 's1' does not fit at batch 1" in result.reason and "1210 MB" in result.reason and "1000 MB" in result.reason
+    assert "stage 's1' does not fit at batch 1: 1210 MB used, over the usable 1000 MB" in result.reason
     assert result.stages[1].stopped_by == "infeasible"
     assert p.exhausted(result.trials)
 
@@ -182,8 +187,12 @@ def test_one_stage_limit_does_not_end_the_others_search():
 
 
 def test_throughput_plateau_stops_growing():
-    flat = lambda stage, size: 1000.0 * size / (size + 0.02)  # noqa: E731 - per-sample cost dominates from batch 1
-    used = lambda _, b: 100 * MB + 10 * MB * b  # noqa: E731 - room for 190
+    def flat(stage: int, size: int) -> float:  # the per-sample cost dominates from batch 1
+        return 1000.0 * size / (size + 0.02)
+
+    def used(stage: int, size: int) -> int:  # room for 190
+        return 100 * MB + 10 * MB * size
+
     stopping = simulate(planner(2000 * MB, gain_threshold=0.05), used, flat)
     assert stopping.trial_count == 2 and stopping.stages[0].stopped_by == "plateau"
     exhaustive = simulate(planner(2000 * MB, gain_threshold=0.0), used, flat)
@@ -193,16 +202,18 @@ def test_throughput_plateau_stops_growing():
 
 
 def test_confirms_the_combination_of_per_stage_bests_once():
-    """Stage 0 is fastest at 8 and slower above (cache effects); stage 1 keeps improving up to its limit."""
-    peaked = lambda stage, size: 100.0 * size / (1 + 0.02 * abs(size - 8) * size) if stage == 0 else overhead_rate(stage, size)  # noqa: E731
+    """Stage 0 is fastest at small sizes and slower at large ones (cache effects); stage 1 keeps improving up to its
+    limit. Their best sizes come from different trials, so the pair is run once more, as the last trial."""
+
+    def peaked(stage: int, size: int) -> float:
+        return 100.0 * size / (1 + 0.02 * abs(size - 8) * size) if stage == 0 else overhead_rate(stage, size)
+
     curves = {0: (100 * MB, 10 * MB), 1: (100 * MB, 20 * MB)}
     result = simulate(planner(1000 * MB, stages=2), lambda s, b: curves[s][0] + curves[s][1] * b, peaked)
+    tried = {trial.batch_sizes[0] for trial in result.trials}
+    assert result.chosen_batch_sizes == (max(tried, key=lambda size: peaked(0, size)), 45)
     assert result.trials[-1].batch_sizes == result.chosen_batch_sizes
-    assert result.chosen_batch_sizes[1] == 45
-    best_stage0 = max(range(1, 91), key=lambda size: peaked(0, size))
-    sizes_tried = {trial.batch_sizes[0] for trial in result.trials}
-    assert result.chosen_batch_sizes[0] == max(sizes_tried, key=lambda size: peaked(0, size))
-    assert best_stage0 == 8 or best_stage0 not in sizes_tried
+    assert result.chosen_batch_sizes not in [trial.batch_sizes for trial in result.trials[:-1]]
 
 
 # -- concurrent stages share the budget --------------------------------------------------------------------------------
@@ -259,7 +270,8 @@ def test_fan_out_adjusts_downstream_throughput_to_frames():
 def test_over_budget_and_outside_allocator_memory_count_as_failure():
     tracker = BatchTracker(fan_outs=(1.0,), usable_bytes=1000)
     tracker.begin_trial((2,))
-    tracker.record_stage(0, calls=1, seconds=1.0, peak=MemoryPeak("synthetic", peak_bytes=600, reserved_bytes=800, outside_allocator_bytes=300))
+    peak = MemoryPeak("synthetic", peak_bytes=600, reserved_bytes=800, outside_allocator_bytes=300)
+    tracker.record_stage(0, calls=1, seconds=1.0, peak=peak)
     trial = tracker.end_trial(seconds=1.0)
     assert trial.used_bytes == 1100 and trial.failure == "over_budget" and trial.frames_per_second is None
     assert trial.stages[0].samples_per_second is None and tracker.last_failed
@@ -326,7 +338,8 @@ def test_bad_memory_amounts_are_refused(value):
 
 
 def test_options_from_a_spec_table():
-    options = structure({"pipeline": ["det", "emb"], "memory_budget": "6GB", "concurrent": True}, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
+    table = {"pipeline": ["det", "emb"], "memory_budget": "6GB", "concurrent": True}
+    options = structure(table, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
     assert options.pipeline == ("det", "emb") and options.memory_budget == "6GB" and options.concurrent
     assert parse_memory_amount(0, allow_zero=True).bytes == 0
     with pytest.raises(SpecError, match="options.batch_search: unknown key 'memory_budjet'.*memory_budget"):

@@ -133,8 +133,8 @@ def test_batch_one_not_fitting_says_which_stage_and_by_how_much(backend):
 
 def test_two_stage_pipeline_with_fan_out(backend):
     detector, embedder = Upsampler().eval(), Upsampler(extra_conv=True).eval()
-    det_peaks = scan_peaks(backend, detector, range(1, 6))
-    emb_peaks = scan_peaks(backend, embedder, range(1, 6))
+    det_peaks = scan_peaks(backend, detector, range(3, 5))
+    emb_peaks = scan_peaks(backend, embedder, range(3, 5))
     budget = (det_peaks[3] + det_peaks[4]) // 2
     expected = (largest_within(det_peaks, budget), largest_within(emb_peaks, budget))
     assert expected == (3, 3)
@@ -158,7 +158,7 @@ def test_two_stage_pipeline_with_fan_out(backend):
 
 @pytest.mark.parametrize(
     "error",
-    [MemoryError("synthetic: out of memory"), RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 GB")],
+    [MemoryError("synthetic: out of memory"), RuntimeError("DefaultCPUAllocator: can't allocate memory: 1 GB")],
 )
 def test_survives_out_of_memory_raised_mid_trial(backend, error):
     model = FailsAbove(Upsampler(), limit=3, error=error).eval()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -234,6 +233,15 @@ def test_traffic_and_activation_peak_equal_the_hand_count(plugins):
     assert (record.bytes_read, record.bytes_written, record.inputs) == (x + w, y, "float32[8,64], float32[64,32]")
 
 
+def test_closed_over_constants_count_as_weights(plugins):
+    mask = jnp.ones((8, 64))  # an array the function closes over: baked into the program like a buffer
+    model = JaxModel(lambda w, x: (x * mask) @ w, jnp.ones((64, 32)))
+    traffic = ok(profile(plugins, model, [{"shape": [8, 64]}], ["estimate_traffic"]), "estimate_traffic")
+    w, m = 64 * 32 * 4, 8 * 64 * 4
+    assert traffic.weight_bytes == w + m
+    assert traffic.unfused_weight_read_bytes == m + w  # the mul reads the mask, the dot reads w
+
+
 def test_scan_counts_matrix_work_per_iteration_and_lists_what_xla_counts_once(plugins):
     def apply(w, x):
         return jax.lax.scan(lambda carry, _: (jnp.tanh(carry @ w), None), x, None, length=5)[0]
@@ -339,10 +347,9 @@ def test_an_mlp_through_tier1_and_measured_latency(plugins, tmp_path):
     assert all(result.stages[stage].provided_by == "jax-tier1" for stage in TIER1)
 
 
-def test_the_example_spec_runs_tier1(plugins):
+def test_the_example_spec_runs_tier1_and_roofline(plugins):
     spec = load_spec(SPECS / "jax_mlp.toml")
-    assert spec.backend == "jax" and spec.stages[:3] == tuple(TIER1)
-    tier1_only = attrs.evolve(spec, gpus=())  # no roofline here, so its GPU names need no pack
-    run = run_spec(tier1_only, plugins=plugins, output=None, stages=TIER1)
+    assert spec.backend == "jax" and "measure_latency" in spec.stages
+    run = run_spec(spec, plugins=plugins, output=None, stages=[*TIER1, "roofline"])  # latency: see the mlp test above
     assert run.ok, [(m.name, s, r.error) for m in run.models for s, r in m.stages.items() if r.status != "ok"]
     assert run.model("mlp").result("count_params").total == (784 * 512 + 512) + (512 * 512 + 512) + (512 * 10 + 10)

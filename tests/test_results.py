@@ -71,3 +71,22 @@ def test_none_is_omitted_and_files_round_trip(tmp_path):
 def test_unknown_schema_version_is_refused():
     with pytest.raises(RpxError, match="schema_version 99 is not supported"):
         loads("schema_version = 99\n")
+
+
+def test_real_stage_results_round_trip_through_toml_and_json(tmp_path):
+    """Every built-in result type (Tier 1, roofline, latency, system card) survives dump -> load unchanged."""
+    from rpx_core.api import run_spec
+    from rpx_core.spec import spec_from_dict
+
+    spec = spec_from_dict({
+        "stages": ["count_params", "roofline", "measure_latency"],
+        "gpus": ["H100-SXM", "L4"],
+        "batch_sizes": [1, 2],
+        "options": {"measure_latency": {"min_samples": 70, "max_seconds": 0.5, "warmup_calls": 2,
+                                        "warmup_seconds": 0.0, "keep_samples": True}},
+        "models": [{"name": "cnn", "source": "rpx_plugins.model_zoo:tiny_cnn", "inputs": [{"shape": [1, 3, 32, 32]}]}],
+    })
+    run = run_spec(spec, output=tmp_path / "r.toml")
+    assert run.ok, {name: record.error for name, record in run.model("cnn").stages.items()}
+    assert load(tmp_path / "r.toml") == run
+    assert load(write(run, tmp_path / "r.json")) == run
