@@ -92,6 +92,10 @@ class Backend:
     def default_device(self) -> str:
         return self.name
 
+    def check_device(self, device: str) -> None:
+        """Raise BackendUnavailable naming the device and the reason if ``device`` cannot be used (called before any
+        model is built)."""
+
     def device_name(self, device: str) -> str | None:
         """The accelerator's marketing name (e.g. "NVIDIA H100 80GB HBM3") so a GPU spec can be matched; None for hosts."""
         return None

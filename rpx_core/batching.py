@@ -7,7 +7,9 @@ Conventions: memory in bytes (1 MB = 1e6 bytes when shown as MB); throughput in 
 ``trial_seconds`` passed (after one untimed warm-up call); "frames" per second are samples per second of a stage
 divided by the product of the ``fan_out`` of every stage before it (a detector with fan_out 3 feeds 3 items per
 frame to the next stage, which then needs 3 samples per frame). A pipeline's throughput is its slowest stage in
-frames per second.
+frames per second: stages overlap (threads, processes, devices), as in the seed. A deployment that runs the stages
+strictly one after another gets ``1 / sum(1 / frames_per_second_i)`` instead, computable from the per-stage figures;
+with ``concurrent = false`` each stage's memory limit is independent, so the same choice maximises both.
 
 The seed ``DataTracker`` (000_435198381ac95df0) and where each capability lives in rpx:
 

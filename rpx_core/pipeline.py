@@ -76,6 +76,7 @@ def run_plan(
         results.update(provenance=attrs.evolve(results.run.provenance, finished=now()))
         return results.run
 
+    backend.check_device(plan.jobs[0].device)
     catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose) if ("roofline" in plan.stages or spec.gpus) else None
     contexts = []
     for job in plan.jobs:

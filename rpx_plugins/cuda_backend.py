@@ -12,7 +12,7 @@ import importlib.util
 from typing import Any
 
 from rpx_core.backends import Availability, Backend, MemoryPeak, Timer
-from rpx_core.errors import UnsupportedError
+from rpx_core.errors import BackendUnavailable, UnsupportedError
 from rpx_core.hookspecs import hookimpl
 from rpx_plugins.host_memory import raised_for
 from rpx_plugins.torch_backend import TorchBackend
@@ -113,7 +113,7 @@ class CudaBackend(TorchBackend):
         count = torch.cuda.device_count()
         if index is not None and index >= count:
             found = describe_devices([torch.cuda.get_device_name(i) for i in range(count)])
-            raise UnsupportedError(f"device {device!r} does not exist: this machine has {found}")
+            raise BackendUnavailable(f"backend 'cuda': device {device!r} does not exist: this machine has {found}")
 
     def device_name(self, device: str) -> str | None:
         import torch

@@ -101,7 +101,8 @@ def split_inputs(model: ModelSpec) -> tuple[list[InputSpec], dict[str, InputSpec
     """Positional and named inputs of ``model``; an input_factory is not supported by this backend (yet)."""
     if model.input_factory:
         raise UnsupportedError(
-            f"backend {NAME!r} builds inputs from [[models.inputs]] shapes; input_factory is not supported (model {model.name!r})"
+            f"backend {NAME!r} builds inputs from [[models.inputs]] shapes; input_factory is not supported "
+            f"(model {model.name!r})"
         )
     return [i for i in model.inputs if i.name is None], {i.name: i for i in model.inputs if i.name is not None}
 
@@ -120,7 +121,8 @@ def resolve_device(device: str) -> Any:
     if not index_text:
         return devices[0]
     if not index_text.isdigit() or int(index_text) >= len(devices):
-        raise BackendUnavailable(f"{problem}: jax has {len(devices)} {devices[0].platform} device(s), indices 0-{len(devices) - 1}")
+        found = f"jax has {len(devices)} {devices[0].platform} device(s), indices 0-{len(devices) - 1}"
+        raise BackendUnavailable(f"{problem}: {found}")
     return devices[int(index_text)]
 
 
@@ -193,11 +195,19 @@ class JaxBackend(Backend):
         dtype = jax_dtype(precision)
         target = resolve_device(device)
         if any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(model.params)):
-            raise UnsupportedError(f"backend {NAME!r}: the model's params are abstract (jax.ShapeDtypeStruct), so it cannot run")
-        cast = jax.jit(lambda tree: jax.tree.map(lambda leaf: leaf.astype(dtype) if is_floating(leaf.dtype) else leaf, tree))
-        return PlacedJaxModel(jax.jit(model.apply), cast(jax.device_put(model.params, target)), target)
+            raise UnsupportedError(
+                f"backend {NAME!r}: the model's params are abstract (jax.ShapeDtypeStruct), so it cannot run"
+            )
 
-    def make_inputs(self, model: ModelSpec, batch_size: int, precision: str, device: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        def cast(leaf: Any) -> Any:
+            return leaf.astype(dtype) if is_floating(leaf.dtype) else leaf
+
+        params = jax.jit(lambda tree: jax.tree.map(cast, tree))(jax.device_put(model.params, target))
+        return PlacedJaxModel(jax.jit(model.apply), params, target)
+
+    def make_inputs(
+        self, model: ModelSpec, batch_size: int, precision: str, device: str
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         import jax
 
         positional, named = split_inputs(model)

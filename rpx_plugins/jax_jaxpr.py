@@ -72,7 +72,9 @@ def dot_macs(eqn: Any) -> int:
     return int(eqn.outvars[0].aval.size) * math.prod(lhs.shape[d] for d in lhs_contract)
 
 
-def valid_taps(size: int, kernel: int, outputs: int, stride: int, pad_low: int, lhs_dilation: int, rhs_dilation: int) -> int:
+def valid_taps(
+    size: int, kernel: int, outputs: int, stride: int, pad_low: int, lhs_dilation: int, rhs_dilation: int
+) -> int:
     """(output, kernel tap) pairs of one spatial dimension that land on a real input element (XLA counts only these)."""
     span = (size - 1) * lhs_dilation + 1
     return sum(

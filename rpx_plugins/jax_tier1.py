@@ -34,12 +34,23 @@ from rpx_core.errors import UnsupportedError
 from rpx_core.hookspecs import hookimpl
 from rpx_core.spec import InputSpec
 from rpx_core.tier1 import OTHERS, CountOptions, FlopsResult, OperatorStats, OpRecord, ParamsResult, TrafficResult
-from rpx_plugins.jax_backend import JaxModel, as_jax_model, input_dtype, is_floating, jax_dtype, resolve_device, split_inputs
+from rpx_plugins.jax_backend import (
+    JaxModel,
+    as_jax_model,
+    input_dtype,
+    is_floating,
+    jax_dtype,
+    resolve_device,
+    split_inputs,
+)
 from rpx_plugins.jax_jaxpr import JaxprCounts, fp16_size, live_peak, nbytes, walk
 
 COUNTED_ON = "xla-cost-analysis"
 #: uncounted_ops key for scan-body executions whose non-matrix FLOPs XLA leaves out (it counts a loop body once).
 SCAN_REPEATS = "scan body repeats (non-matrix FLOPs not counted)"
+CAUSAL_MASK_CONVENTION = (
+    "attention is counted as the dot_general equations it runs: masked positions are computed, so counted"
+)
 
 
 @attrs.frozen
@@ -203,7 +214,7 @@ def flops_result(analysis: Analysis, options: CountOptions) -> FlopsResult:
         by_module={},
         by_phase={"forward": 2 * macs + other},
         uncounted_ops={SCAN_REPEATS: counts.scan_repeats} if counts.scan_repeats else {},
-        causal_mask_convention="attention is counted as the dot_general equations it runs: masked positions are computed, so counted",
+        causal_mask_convention=CAUSAL_MASK_CONVENTION,
         other_flops_convention=(
             f"XLA's compiled cost analysis on {analysis.platform}: flops (1 per element for elementwise arithmetic, "
             "compares, converts, reductions, plus loop bookkeeping) + transcendentals (exp, log, tanh, ..., 1 each), "
@@ -256,8 +267,9 @@ def traffic_result(analysis: Analysis, options: CountOptions) -> TrafficResult:
             "function closes over (constants, at their own dtype); reads of either count as weight reads",
             "activation_peak_bytes: liveness over the jaxpr, unfused (each equation's results held from creation to last "
             "use, outputs to the end; params and inputs excluded); _fp16 recounts floating values at 2 bytes",
-            f"XLA's temp + output buffers for the compiled program on {analysis.platform}: {reported(analysis.xla_buffer_bytes)} "
-            "(after fusion; may include compiler copies such as widened weights; not used above)",
+            f"XLA's temp + output buffers for the compiled program on {analysis.platform}: "
+            f"{reported(analysis.xla_buffer_bytes)} (after fusion; may include compiler copies such as widened "
+            "weights; not used above)",
             "op_records: one per dot_general/conv_general_dilated kind; non-matrix equations have no per-call FLOP "
             "figure and are not listed",
         ),

@@ -15,6 +15,8 @@ import numpy as np
 
 from rpx_plugins.jax_backend import JaxModel
 
+NCHW = ("NCHW", "OIHW", "NCHW")  # images channels-first, kernels [out, in, h, w]
+
 
 def scaled_normal(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int) -> jax.Array:
     return jnp.asarray(rng.standard_normal(shape, np.float32) / np.sqrt(fan_in, dtype=np.float32))
@@ -39,7 +41,7 @@ def mlp(sizes: Sequence[int] = (64, 128, 10), seed: int = 0) -> JaxModel:
 
 def cnn_apply(params: dict[str, Any], images: Any) -> Any:
     """3x3 convolution (SAME padding) + ReLU, global average pool, dense head. Images are NCHW."""
-    features = jax.lax.conv_general_dilated(images, params["conv"], (1, 1), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"))
+    features = jax.lax.conv_general_dilated(images, params["conv"], (1, 1), "SAME", dimension_numbers=NCHW)
     pooled = jax.nn.relu(features).mean(axis=(2, 3))
     return pooled @ params["head"]["w"] + params["head"]["b"]
 

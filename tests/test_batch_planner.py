@@ -348,3 +348,19 @@ def test_options_from_a_spec_table():
         structure({"memory_budget": "6 parsecs"}, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
     with pytest.raises(SpecError, match="options.batch_search: .*gain_threshold: must be in"):
         structure({"gain_threshold": 1.5}, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
+
+
+def test_result_round_trips_through_toml():
+    import tomllib
+
+    import tomli_w
+
+    from rpx_core.results import converter, to_data
+
+    def used(stage: int, size: int) -> int:  # a step at 8 makes an over-budget trial
+        return 100 * MB + 40 * MB * size + 200 * MB * (size >= 8)
+
+    result = simulate(planner(500 * MB, stages=2, fan_outs=(2.0, 1.0), max_batch=16), used, overhead_rate)
+    assert not all(trial.ok for trial in result.trials)
+    text = tomli_w.dumps(to_data(result))
+    assert converter.structure(tomllib.loads(text), BatchSearchResult) == result

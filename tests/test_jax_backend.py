@@ -138,10 +138,10 @@ def test_place_model_casts_params_and_call_model_returns_ready_outputs():
     x = jax.random.normal(jax.random.key(2), (2, 16), jnp.bfloat16)
     out = backend.call_model(placed, (x,), {})
     assert out.shape == (2, 4) and out.dtype == jnp.bfloat16 and out.is_ready()
-    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(jax_zoo_reference(placed.params, x), np.float32), rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(np.asarray(out, np.float32), numpy_mlp(placed.params, x), rtol=2e-2, atol=2e-2)
 
 
-def jax_zoo_reference(params: list[dict], x: jax.Array) -> np.ndarray:
+def numpy_mlp(params: list[dict], x: jax.Array) -> np.ndarray:
     """The MLP computed in numpy float32 from the placed (bf16) params."""
     h = np.asarray(x, np.float32)
     for i, layer in enumerate(params):
@@ -171,7 +171,8 @@ def test_out_of_memory_is_xla_resource_exhausted():
 
 
 def test_device_peak_is_exact_only_when_the_region_raised_it():
-    assert device_peak(None, "cpu", None) == MemoryPeak(method="unsupported: jax reports no peak_bytes_in_use for platform 'cpu'")
+    unsupported = MemoryPeak(method="unsupported: jax reports no peak_bytes_in_use for platform 'cpu'")
+    assert device_peak(None, "cpu", None) == unsupported
     assert device_peak({"peak_bytes_in_use": 900}, "gpu", 500) == MemoryPeak(method=DEVICE_PEAK_RAISED, peak_bytes=900)
     assert device_peak({"peak_bytes_in_use": 900}, "gpu", 900) == MemoryPeak(method=DEVICE_PEAK_BOUND, peak_bytes=900)
 
@@ -191,7 +192,8 @@ def test_parameter_count_is_the_sum_of_leaf_sizes(plugins):
 def test_integer_leaves_keep_their_size_and_a_repeated_leaf_counts_once(plugins):
     w = jnp.ones((3, 4))
     params = {"w": w, "tied": w, "step": jnp.array(7, jnp.int32)}
-    counted = ok(profile(plugins, JaxModel(lambda p, x: x @ p["w"], params), [{"shape": [2, 3]}], ["count_params"], precision="fp16"), "count_params")
+    model = JaxModel(lambda p, x: x @ p["w"], params)
+    counted = ok(profile(plugins, model, [{"shape": [2, 3]}], ["count_params"], precision="fp16"), "count_params")
     assert counted.total == 12 + 1  # w once, step once
     assert counted.bytes_at_precision == 12 * 2 + 1 * 4  # floats at fp16, the int32 counter as stored
 
@@ -267,8 +269,13 @@ def test_padded_convolution_counts_every_tap_like_torch(plugins):
 
 @pytest.mark.parametrize(
     ("strides", "padding", "lhs_dilation", "rhs_dilation", "groups"),
-    [((1, 1), "SAME", (1, 1), (1, 1), 1), ((2, 2), "SAME", (1, 1), (1, 1), 1), ((1, 1), ((2, 1), (0, 3)), (1, 1), (2, 2), 1),
-     ((2, 2), ((1, 1), (1, 1)), (2, 2), (1, 1), 1), ((1, 1), "SAME", (1, 1), (1, 1), 3)],
+    [
+        ((1, 1), "SAME", (1, 1), (1, 1), 1),
+        ((2, 2), "SAME", (1, 1), (1, 1), 1),
+        ((1, 1), ((2, 1), (0, 3)), (1, 1), (2, 2), 1),  # uneven padding, dilated kernel
+        ((2, 2), ((1, 1), (1, 1)), (2, 2), (1, 1), 1),  # input-dilated (transposed) and strided
+        ((1, 1), "SAME", (1, 1), (1, 1), 3),  # grouped
+    ],
 )
 def test_xla_convolution_count_is_reproduced_tap_by_tap(strides, padding, lhs_dilation, rhs_dilation, groups):
     weights = jax.ShapeDtypeStruct((12, 6 // groups, 3, 3), jnp.float32)
@@ -290,7 +297,8 @@ def test_transposed_convolution_counts_input_positions_like_torch():
     w = jax.ShapeDtypeStruct((12, 6, 3, 3), jnp.float32)
     x = jax.ShapeDtypeStruct((2, 6, 9, 7), jnp.float32)
     dn = ("NCHW", "OIHW", "NCHW")
-    traced = jax.jit(lambda w, x: jax.lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)), (2, 2), None, dn)).trace(w, x)
+    transposed = jax.jit(lambda w, x: jax.lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)), (2, 2), None, dn))
+    traced = transposed.trace(w, x)
     counts = jax_jaxpr.JaxprCounts()
     jax_jaxpr.walk(traced.jaxpr.jaxpr, set(), counts)
     ((call, _),) = counts.executions.items()
@@ -304,7 +312,8 @@ def test_count_options_apply_as_for_torch(plugins):
 
     model = JaxModel(apply, {"conv": jnp.ones((4, 3, 3, 3)), "head": jnp.ones((4 * 6 * 6, 5))})
     inputs = [{"shape": [2, 3, 8, 8]}]
-    flops = ok(profile(plugins, model, inputs, ["count_flops"], options={"count_flops": {"top_k": 1, "batch_size": 3}}), "count_flops")
+    options = {"count_flops": {"top_k": 1, "batch_size": 3}}
+    flops = ok(profile(plugins, model, inputs, ["count_flops"], options=options), "count_flops")
     conv_macs, head_macs = 3 * (4 * 6 * 6) * 3 * 9, 3 * (4 * 6 * 6) * 5  # batch 3, as the options ask
     assert flops.macs == conv_macs + head_macs and flops.top_k == 1
     assert list(flops.by_operator) == ["conv_general_dilated", OTHERS]  # the larger kept, the rest summed
@@ -315,7 +324,8 @@ def test_count_options_apply_as_for_torch(plugins):
 
 def test_abstract_params_are_counted_but_never_run(plugins):
     params = {"w": jax.ShapeDtypeStruct((64, 32), jnp.float32)}
-    result = profile(plugins, JaxModel(lambda p, x: x @ p["w"], params), [{"shape": [8, 64]}], ["count_params", "count_flops", "measure_latency"])
+    stages = ["count_params", "count_flops", "measure_latency"]
+    result = profile(plugins, JaxModel(lambda p, x: x @ p["w"], params), [{"shape": [8, 64]}], stages)
     assert ok(result, "count_params").total == 64 * 32
     assert ok(result, "count_flops").macs == 8 * 64 * 32
     assert "params are abstract (jax.ShapeDtypeStruct), so it cannot run" in result.stages["measure_latency"].error

@@ -59,7 +59,7 @@ def test_latency_is_per_call_at_batch_1_and_throughput_is_per_batch():
     options = LatencyOptions(min_samples=64, keep_samples=True, **FAST)
     result = latency.measure_latency(context(model, options, batch_sizes=(1, 8)))
     assert result.samples_count == 64 and result.stopped_by == "min_samples" and result.measured_batch_size == 1
-    assert 2.0 <= result.p50_ms < 3.0  # one call, not 2 ms / 8
+    assert 2.0 <= result.p50_ms < 6.0  # one call (never under the 2 ms sleep; slack for a loaded machine), not 2 ms / 8
     # every summary figure is what numpy computes from the kept samples
     samples = np.array(result.samples_ms)
     assert len(samples) == 64
@@ -77,8 +77,8 @@ def test_latency_is_per_call_at_batch_1_and_throughput_is_per_batch():
     for row in (one, eight):
         assert row.samples_per_s == pytest.approx(row.calls * row.batch_size / row.seconds, rel=1e-12)
         assert row.calls >= 3 and row.peak_memory is not None and row.error is None
-    assert 8 / 0.003 < eight.samples_per_s <= 8 / 0.002
-    assert 1 / 0.003 < one.samples_per_s <= 1 / 0.002
+    assert 8 / 0.006 < eight.samples_per_s <= 8 / 0.002
+    assert 1 / 0.006 < one.samples_per_s <= 1 / 0.002
     assert model.inference_mode_seen == {True}
 
 
