@@ -96,6 +96,10 @@ class Backend:
         """Raise BackendUnavailable naming the device and the reason if ``device`` cannot be used (called before any
         model is built)."""
 
+    def device_memory_bytes(self, device: str) -> int | None:
+        """Total memory of ``device`` in bytes (what a fractional memory budget is a fraction of); None if unknown."""
+        return None
+
     def device_name(self, device: str) -> str | None:
         """The accelerator's marketing name (e.g. "NVIDIA H100 80GB HBM3") so a GPU spec can be matched; None for hosts."""
         return None

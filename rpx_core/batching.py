@@ -90,10 +90,12 @@ def parse_memory_amount(value: int | float | str, allow_zero: bool = False) -> M
             f"{value!r} is not a memory amount: give bytes, a size with a unit (6GB, 512MiB) or a fraction (0.8)"
         )
     number, unit = float(match.group(1)), match.group(2).lower()
+    if unit and unit not in UNITS:
+        raise ValueError(f"unknown unit {match.group(2)!r} in {value!r}; use one of {', '.join(u.upper() for u in UNITS)}")
+    if allow_zero and number == 0:
+        return MemoryAmount(bytes=0)
     if not unit:
         return _fraction(number) if "." in match.group(1) or number <= 1 else MemoryAmount(bytes=int(number))
-    if unit not in UNITS:
-        raise ValueError(f"unknown unit {match.group(2)!r} in {value!r}; use one of {', '.join(u.upper() for u in UNITS)}")
     amount = int(number * UNITS[unit])
     if amount <= 0:
         raise ValueError(f"must be > 0 bytes, got {value!r}")

@@ -104,10 +104,10 @@ COLUMNS = (
 
 def render_run(run: Any) -> str:
     """A short terminal summary: a table of headline figures, roofline bounds per GPU, and what did not succeed."""
-    rows = [(model.name, model.summary) for model in run.models]
+    rows = [(model.name, model.summary) for model in run.models if model.stages]
     columns = [(key, title) for key, title in COLUMNS if any(key in summary for _, summary in rows)]
     lines = table(["model", *(title for _, title in columns)],
-                  [[name, *(format_value(summary.get(key, "-")) for key, _ in columns)] for name, summary in rows])
+                  [[name, *(format_value(summary.get(key, "-")) for key, _ in columns)] for name, summary in rows]) if rows else []
     bounds = sorted({key for _, summary in rows for key in summary if key.startswith("roofline_") and key.endswith("_ms")
                      and key != "roofline_bound_ms"})
     if bounds:
@@ -120,6 +120,10 @@ def render_run(run: Any) -> str:
                 lines.append(f"{model.name}: {stage} {record.status}: {(record.error or '').splitlines()[0] if record.error else ''}")
     for stage, record in run.run_stages.items():
         lines.append(f"{stage}: {record.status}" + (f": {record.error.splitlines()[0]}" if record.error else ""))
+        if stage == "batch_search" and record.status == "ok":
+            from rpx_core.batching import format_table
+
+            lines += ["", format_table(record.result)]
     return "\n".join(lines)
 
 

@@ -32,7 +32,7 @@ def rpx_batch_search(ctx: RunContext) -> BatchSearchResult:
     options: BatchSearchOptions = ctx.options or BatchSearchOptions()
     stages = pipeline_stages(ctx.models, options.pipeline)
     backend, device = ctx.backend, stages[0].job.device
-    budget = parse_memory_amount(options.memory_budget).resolve(lambda: device_memory_bytes(device))
+    budget = parse_memory_amount(options.memory_budget).resolve(lambda: device_memory_bytes(backend, device))
     margin = parse_memory_amount(options.safety_margin, allow_zero=True).resolve(lambda: budget)
     if margin >= budget:
         raise RpxError(f"options.batch_search.safety_margin: {margin} bytes leaves nothing of the {budget}-byte budget")
@@ -85,26 +85,15 @@ def pipeline_stages(contexts: Sequence[StageContext], names: Sequence[str]) -> l
     return stages
 
 
-def device_memory_bytes(device: str) -> int:
-    """The whole memory a fractional budget is taken of: total RAM for the host, the device's memory for CUDA, the
-    recommended working set for MPS. Read per device type because the Backend contract has no such query yet."""
-    kind = device.split(":")[0]
-    if kind == "cpu":
-        import psutil
-
-        return psutil.virtual_memory().total
-    if kind == "cuda":
-        import torch
-
-        return torch.cuda.get_device_properties(torch.device(device)).total_memory
-    if kind == "mps":
-        import torch
-
-        return torch.mps.recommended_max_memory()
-    raise UnsupportedError(
-        f"a fractional memory_budget needs device {device!r}'s memory size, which rpx cannot read; "
-        "give bytes or a size with a unit"
-    )
+def device_memory_bytes(backend: Backend, device: str) -> int:
+    """The whole memory a fractional budget is taken of, as the backend reports it."""
+    total = backend.device_memory_bytes(device)
+    if total is None:
+        raise UnsupportedError(
+            f"a fractional memory_budget needs device {device!r}'s memory size, which backend {backend.name!r} cannot "
+            "report; give bytes or a size with a unit"
+        )
+    return total
 
 
 def _require_memory_readings(backend: Backend, device: str, enforced: bool) -> None:

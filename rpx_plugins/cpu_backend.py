@@ -27,6 +27,11 @@ class CpuBackend(TorchBackend):
     def default_device(self) -> str:
         return "cpu"
 
+    def device_memory_bytes(self, device: str) -> int:
+        import psutil
+
+        return psutil.virtual_memory().total
+
     def reset_peak_memory(self, device: str) -> None:
         """Start a region whose peak RSS ``read_peak_memory`` reports (see rpx_plugins.host_memory)."""
         self._peak.reset()

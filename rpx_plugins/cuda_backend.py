@@ -115,6 +115,11 @@ class CudaBackend(TorchBackend):
             found = describe_devices([torch.cuda.get_device_name(i) for i in range(count)])
             raise BackendUnavailable(f"backend 'cuda': device {device!r} does not exist: this machine has {found}")
 
+    def device_memory_bytes(self, device: str) -> int:
+        import torch
+
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+
     def device_name(self, device: str) -> str | None:
         import torch
 

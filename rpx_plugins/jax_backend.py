@@ -239,6 +239,15 @@ class JaxBackend(Backend):
             return self._host_peak.read()
         return device_peak(target.memory_stats(), target.platform, self._device_peak_at_reset)
 
+    def device_memory_bytes(self, device: str) -> int | None:
+        """Host RAM on CPU; the XLA allocator's ``bytes_limit`` on GPU/TPU where the platform reports it."""
+        target = resolve_device(device)
+        if target.platform == "cpu":
+            import psutil
+
+            return psutil.virtual_memory().total
+        return (target.memory_stats() or {}).get("bytes_limit")
+
     def is_out_of_memory(self, exc: BaseException) -> bool:
         """XLA's RESOURCE_EXHAUSTED runtime error, or the host running out (MemoryError)."""
         import jax

@@ -53,6 +53,12 @@ class MpsBackend(TorchBackend):
     def default_device(self) -> str:
         return "mps"
 
+    def device_memory_bytes(self, device: str) -> int:
+        """MPS shares unified memory; the budget is a fraction of the working set Metal recommends for this process."""
+        import torch
+
+        return torch.mps.recommended_max_memory()
+
     def place_model(self, model: Any, precision: str, device: str) -> Any:
         if precision == "bf16":
             self.check_bf16(device)

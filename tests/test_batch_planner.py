@@ -341,7 +341,7 @@ def test_options_from_a_spec_table():
     table = {"pipeline": ["det", "emb"], "memory_budget": "6GB", "concurrent": True}
     options = structure(table, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
     assert options.pipeline == ("det", "emb") and options.memory_budget == "6GB" and options.concurrent
-    assert parse_memory_amount(0, allow_zero=True).bytes == 0
+    assert [parse_memory_amount(zero, allow_zero=True).bytes for zero in (0, 0.0, "0", "0MB")] == [0, 0, 0, 0]
     with pytest.raises(SpecError, match="options.batch_search: unknown key 'memory_budjet'.*memory_budget"):
         structure({"memory_budjet": "6GB"}, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
     with pytest.raises(SpecError, match="options.batch_search: .*memory_budget: unknown unit 'parsecs'"):

@@ -192,6 +192,17 @@ def test_concurrent_stages_share_one_budget(backend):
         assert trial.ok == (trial.used_bytes is not None and trial.used_bytes <= budget)
 
 
+def test_concurrent_out_of_memory_in_one_thread_is_recorded_and_survived(backend):
+    failing = FailsAbove(Upsampler(), limit=1, error=MemoryError("synthetic: out of memory"))
+    stages = [stage(backend, "a", failing), stage(backend, "b", Upsampler())]
+    result = search(backend, stages, memory_budget="0.5", concurrent=True, max_batch=4)
+    failed = [trial for trial in result.trials if not trial.ok]
+    assert failed and all(trial.failure == "oom" and trial.batch_sizes[0] > 1 for trial in failed)
+    assert all("MemoryError" in trial.stages[0].error for trial in failed)
+    assert result.feasible and result.chosen_batch_sizes[0] == 1
+    assert_no_failure_retried(result)
+
+
 def test_pipeline_names_are_checked(backend):
     stages = [stage(backend, "a", Upsampler())]
     with pytest.raises(RpxError, match="no model named 'b'; the spec has a"):

@@ -99,12 +99,11 @@ def test_a_missing_device_is_one_line_naming_backend_and_reason(device, reason):
     JaxBackend().check_device("cpu:0")  # present: no error
 
 
-def test_a_spec_asking_for_gpu_fails_its_device_stages_with_that_line(plugins):
-    result = profile(plugins, dense_relu_model(), [{"shape": [8, 64]}], ["count_flops", "measure_latency"], device="gpu:0")
-    for stage in ("count_flops", "measure_latency"):
-        error = result.stages[stage].error
-        assert result.stages[stage].status == "failed" and "\n" not in error
-        assert error.startswith("BackendUnavailable: backend 'jax': device 'gpu:0' is not available: Unknown backend")
+def test_a_spec_asking_for_gpu_fails_before_any_stage_with_that_line(plugins):
+    with pytest.raises(BackendUnavailable) as info:
+        profile(plugins, dense_relu_model(), [{"shape": [8, 64]}], ["count_flops", "measure_latency"], device="gpu:0")
+    assert "\n" not in str(info.value)
+    assert str(info.value).startswith("backend 'jax': device 'gpu:0' is not available: Unknown backend")
 
 
 # -- inputs, placement, execution ----------------------------------------------------------------------------------------
