@@ -109,9 +109,10 @@ class Backend:
         raise NotImplementedError(f"backend {self.name!r} cannot place models")
 
     def make_inputs(
-        self, model: ModelSpec, batch_size: int, precision: str, device: str
+        self, model: ModelSpec, batch_size: int | None, precision: str, device: str
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Create ``model``'s inputs at ``batch_size`` on ``device``: positional args and keyword args."""
+        """Create ``model``'s inputs at ``batch_size`` (None: the shapes as written) on ``device``: positional args
+        and keyword args."""
         raise NotImplementedError(f"backend {self.name!r} cannot create inputs")
 
     def inference_context(self) -> contextlib.AbstractContextManager:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "rpx"
 DISABLE_ENV = "RPX_DISABLE_PLUGINS"  # comma-separated plugin names
 STRICT_ENV = "RPX_STRICT_PLUGINS"  # "1": a plugin that fails to import is an error
+GPU_PACKS_ENV = "RPX_GPU_PACKS"  # extra GPU pack TOML files, separated like PATH
 TRACE_ENV = "RPX_TRACE_HOOKS"  # "1": print every hook call with its arguments and result to stderr
 HOOK_NAMES = frozenset(name for name in dir(hookspecs) if name.startswith("rpx_"))
 
@@ -180,7 +181,7 @@ class Plugins:
         return {name: attrs.evolve(item, plugin=plugin) for name, (item, plugin) in found.items()}
 
     def gpu_catalog(self, extra_packs: Iterable[Path] = (), choose: Choices | None = None) -> GPUCatalog:
-        """Every GPU from plugin packs plus the user's pack files; clashing names need ``[choose.gpus]``."""
+        """Every GPU from plugin packs, the user's pack files and ``RPX_GPU_PACKS``; clashing names need ``[choose.gpus]``."""
         from rpx_core.gpus import GPUCatalog, load_pack
 
         packs = []
@@ -188,7 +189,8 @@ class Plugins:
             for path in impl.function() or ():
                 path = Path(path) if isinstance(path, str) else path  # Path or importlib.resources Traversable
                 packs.append(load_pack(path, provider=self._distribution(impl.plugin_name)))
-        packs.extend(load_pack(Path(path), provider="user file") for path in extra_packs)
+        from_env = [Path(path) for path in os.environ.get(GPU_PACKS_ENV, "").split(os.pathsep) if path]
+        packs.extend(load_pack(Path(path), provider=str(path)) for path in [*extra_packs, *from_env])
         return GPUCatalog(packs, choose=choose.gpus if choose else {})
 
     # -- stage hooks ---------------------------------------------------------------------------------------------------

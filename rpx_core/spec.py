@@ -47,8 +47,9 @@ class InputSpec:
     high: int | None = None  # exclusive upper bound of integer values (e.g. the vocabulary size)
     batch_dim: int | None = 0  # the dimension batch sizes scale; None for inputs without one
 
-    def with_batch(self, batch_size: int) -> InputSpec:
-        if self.batch_dim is None:
+    def with_batch(self, batch_size: int | None) -> InputSpec:
+        """This input at ``batch_size``; None keeps the shape as written."""
+        if self.batch_dim is None or batch_size is None:
             return self
         shape = list(self.shape)
         shape[self.batch_dim] = batch_size

@@ -128,6 +128,7 @@ class CountOptions:
     #: the job's device; "auto": meta, falling back to the device when the model cannot be built or run on meta.
     count_on: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "meta", "device")))
     backward: bool = False  # count forward + backward (gradient of the summed outputs) instead of forward only
-    batch_size: int = attrs.field(default=1, validator=attrs.validators.ge(1))  # batch size of the counted pass
+    #: Batch size of the counted pass; None counts the inputs as the spec writes them (an input_factory gets 1).
+    batch_size: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
     top_k: int = attrs.field(default=20, validator=attrs.validators.ge(1))  # operators/modules listed; the rest folded
     module_depth: int = attrs.field(default=3, validator=attrs.validators.ge(1))  # deeper module paths fold into ancestors

@@ -142,7 +142,7 @@ def device_peak(stats: dict[str, Any] | None, platform: str, peak_at_reset: int 
     return MemoryPeak(method=DEVICE_PEAK_RAISED if raised else DEVICE_PEAK_BOUND, peak_bytes=peak)
 
 
-def make_array(spec_input: InputSpec, batch_size: int, precision: str, key: Any) -> Any:
+def make_array(spec_input: InputSpec, batch_size: int | None, precision: str, key: Any) -> Any:
     """Standard normal floats, integers uniform in [0, high) (high defaults to 2), bools all False (as torch backends)."""
     import jax
     import jax.numpy as jnp
@@ -206,7 +206,7 @@ class JaxBackend(Backend):
         return PlacedJaxModel(jax.jit(model.apply), params, target)
 
     def make_inputs(
-        self, model: ModelSpec, batch_size: int, precision: str, device: str
+        self, model: ModelSpec, batch_size: int | None, precision: str, device: str
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         import jax
 

@@ -107,7 +107,7 @@ def jax_model(ctx: StageContext) -> JaxModel:
     return ctx.cache["jax.model"]
 
 
-def abstract_args(ctx: StageContext, batch_size: int) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+def abstract_args(ctx: StageContext, batch_size: int | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """(params, args, kwargs) as ShapeDtypeStructs on the job's device, at the dtypes a run would give them, inputs at
     ``batch_size``."""
     import jax

@@ -38,7 +38,7 @@ def input_dtype(spec_input: InputSpec, precision: str) -> Any:
     return getattr(torch, spec_input.dtype)
 
 
-def make_tensor(spec_input: InputSpec, batch_size: int, precision: str, device: str) -> Any:
+def make_tensor(spec_input: InputSpec, batch_size: int | None, precision: str, device: str) -> Any:
     import torch
 
     shape = spec_input.with_batch(batch_size).shape
@@ -52,11 +52,14 @@ def make_tensor(spec_input: InputSpec, batch_size: int, precision: str, device: 
     return torch.randint(0, spec_input.high or 2, shape, dtype=dtype, device=device)
 
 
-def make_inputs(model: ModelSpec, batch_size: int, precision: str, device: str, base_dir: str = ".") -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Inputs from shapes, or from the model's input_factory(batch_size=, device=, dtype=)."""
+def make_inputs(
+    model: ModelSpec, batch_size: int | None, precision: str, device: str
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Inputs from shapes (``batch_size`` None: as written), or from the model's input_factory(batch_size=, device=,
+    dtype=), which gets 1 for None."""
     if model.input_factory:
-        factory = load_callable(model.input_factory, base_dir, what=f"model {model.name!r} input_factory")
-        made = factory(batch_size=batch_size, device=device, dtype=torch_dtype(precision))
+        factory = load_callable(model.input_factory, what=f"model {model.name!r} input_factory")
+        made = factory(batch_size=batch_size or 1, device=device, dtype=torch_dtype(precision))
         if isinstance(made, tuple) and len(made) == 2 and isinstance(made[1], dict):
             return tuple(made[0]), dict(made[1])
         return (tuple(made) if isinstance(made, (tuple, list)) else (made,)), {}
@@ -84,5 +87,5 @@ class TorchBackend(Backend):
 
         return torch.inference_mode()
 
-    def make_inputs(self, model: ModelSpec, batch_size: int, precision: str, device: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def make_inputs(self, model: ModelSpec, batch_size: int | None, precision: str, device: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return make_inputs(model, batch_size, precision, device)

@@ -42,11 +42,10 @@ def plugins() -> Plugins:
 
 
 def profile(plugins: Plugins, model: object, inputs: list[dict], stages: list[str], **settings: object) -> ModelResult:
-    """Run ``model`` through the engine on the jax backend; Tier 1 counts at the first input's batch size unless
-    ``options`` say otherwise."""
+    """Run ``model`` through the engine on the jax backend; Tier 1 counts the inputs as written unless ``options``
+    say otherwise."""
     table = {"name": "m", "source": "<object>:model", "inputs": inputs}
-    options = {"count_flops": {"batch_size": inputs[0]["shape"][0]}, **settings.pop("options", {})}
-    spec = spec_from_dict({"backend": "jax", "stages": stages, "models": [table], "options": options, **settings})
+    spec = spec_from_dict({"backend": "jax", "stages": stages, "models": [table], **settings})
     return run_spec(spec, plugins=plugins, output=None, model_objects={"m": model}).model("m")
 
 
@@ -344,10 +343,10 @@ def test_data_dependent_loops_are_refused_out_loud(plugins):
 
 def test_an_mlp_through_tier1_and_measured_latency(plugins, tmp_path):
     stages = [*TIER1, "measure_latency"]
-    options = {"count_flops": {}, "measure_latency": FAST_LATENCY}  # Tier 1 at count_flops' default batch size, 1
+    options = {"count_flops": {}, "measure_latency": FAST_LATENCY}  # Tier 1 counts the inputs as written: batch 8
     result = profile(plugins, mlp((64, 32, 10)), [{"shape": [8, 64]}], stages, batch_sizes=[1, 4], options=options)
     assert ok(result, "count_params").total == (64 * 32 + 32) + (32 * 10 + 10)
-    assert ok(result, "count_flops").macs == 1 * 64 * 32 + 1 * 32 * 10
+    assert ok(result, "count_flops").macs == 8 * 64 * 32 + 8 * 32 * 10
     assert ok(result, "estimate_traffic").weight_bytes == 4 * ((64 * 32 + 32) + (32 * 10 + 10))
     measured = ok(result, "measure_latency")
     assert measured.samples_count >= 5 and 0 < measured.min_ms <= measured.max_ms
