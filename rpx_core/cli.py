@@ -85,8 +85,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rpx_core.plan import make_plan
     from rpx_core.spec import load_spec
 
-    plan = make_plan(load_spec(args.spec), load_plugins(args), where=args.spec)
+    plugins = load_plugins(args)
+    spec = load_spec(args.spec)
+    plan = make_plan(spec, plugins, where=args.spec)
     print(f"{args.spec}: ok — {len(plan.jobs)} model(s); stages: {', '.join(plan.stages)}")
+    availability = plugins.backend(spec.backend, spec.choose, require_available=False).availability
+    if not availability.available:
+        print(f"note: backend {spec.backend!r} is not available on this machine ({availability.reason}); "
+              f"`rpx run` will {'skip its stages' if spec.on_unavailable == 'skip' else 'refuse it'} here")
     return EXIT_OK
 
 

@@ -45,7 +45,7 @@ timeout 180 "$PY" -m pytest -q -rs -m cuda tests/test_cuda_backend.py tests/test
 timeout 180 "$PY" -m pytest -q -rs tests/test_cuda_backend.py tests/test_system_card.py tests/test_latency.py \
     tests/test_stats.py tests/test_host_memory.py || status=1
 
-step "profile specs/gpu_check.toml on cuda:0 at fp16 and bf16"
+step "profile specs/gpu_check.toml on cuda:0 at fp16 and bf16, then batch search under an 8 GB budget"
 timeout 240 "$PY" scripts/gpu_check.py || status=1
 
 step "done: status $status"

@@ -118,7 +118,6 @@ def test_user_pack_clashing_with_the_reference_pack_needs_a_choice(tmp_path, wri
     clash = roofline_spec('gpu_packs = ["mine.toml"]').replace("My-GPU", "H100-SXM")
     with pytest.raises(RpxError, match=r"GPU 'H100-SXM' is defined by pack reference \(rpx 0.1.0\) and pack mine"):
         rpx.run(write_spec(clash), output=None)
-    chosen = clash.replace("gpu_packs", '[choose.gpus]\n"H100-SXM" = "mine"\n[x]\ngpu_packs').replace("[x]\n", "")
     chosen = roofline_spec('gpu_packs = ["mine.toml"]\nchoose = { gpus = { "H100-SXM" = "mine" } }').replace("My-GPU", "H100-SXM")
     run = rpx.run(write_spec(chosen, "chosen.toml"), output=None)
     assert run.model("lin").result("roofline").gpus["H100-SXM"]["fp32"].peak_tflops == 50

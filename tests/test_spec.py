@@ -6,7 +6,9 @@ import pytest
 
 from rpx_core.errors import SpecError
 from rpx_core.spec import load_spec
-from tests.conftest import rpx_cli
+from tests.conftest import REPO, rpx_cli
+
+REPO_SPECS = REPO / "specs"
 
 GOOD = """
 name = "ok"
@@ -95,3 +97,12 @@ def test_validate_ok(write_spec):
 def test_debug_shows_the_traceback(write_spec):
     done = rpx_cli("--debug", "validate", str(write_spec(GOOD.replace("stages =", "stagse ="))))
     assert done.returncode != 0 and "Traceback" in done.stderr
+
+
+@pytest.mark.parametrize("path", sorted(REPO_SPECS.glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_spec_validates(path):
+    from rpx_core.plan import make_plan
+    from rpx_core.plugins import Plugins
+
+    plan = make_plan(load_spec(path), Plugins.load(), where=str(path))
+    assert plan.jobs

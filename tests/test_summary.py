@@ -1,0 +1,47 @@
+"""The seed's flat summary fields: each derived from stage results by its documented definition, absent when unknown."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import pytest
+
+from rpx_core.backends import MemoryPeak
+from rpx_core.results import StageRecord
+from rpx_core.summary import seed_fields
+
+
+def ok(result: object) -> StageRecord:
+    return StageRecord("ok", result=result)
+
+
+PARAMS = NS(total=2_500_000)
+FLOPS = NS(total_flops=8_000_000_000, matrix_flops=7_000_000_000, macs=3_500_000_000)
+TRAFFIC = NS(unfused_bytes=400_000_000, fused_bytes=100_000_000, arithmetic_intensity_unfused=20.0,
+             activation_peak_bytes_fp16=50_000_000)
+BOUND = NS(bound_ms_fused=0.5, bottleneck_fused="memory")
+ROOFLINE = NS(gpus={"H100-SXM": {"fp16": BOUND}}, local_gpu="H100-SXM")
+LATENCY = NS(p50_ms=2.0, p90_ms=2.5, p95_ms=None, p99_ms=None, peak_memory=MemoryPeak("test", peak_bytes=3_000_000),
+             throughput=(NS(batch_size=8, samples_per_s=1000.0),))
+
+
+def test_tier1_fields_follow_their_definitions():
+    fields = seed_fields({"count_params": ok(PARAMS), "count_flops": ok(FLOPS), "estimate_traffic": ok(TRAFFIC)})
+    assert fields["params_m"] == 2.5
+    assert fields["flops_g"] == 8.0 and fields["matrix_flops_g"] == 7.0 and fields["macs_g"] == 3.5
+    assert fields["memory_traffic_gb"] == 0.4 and fields["fused_traffic_gb"] == 0.1
+    assert fields["arithmetic_intensity"] == 20.0 and fields["actmem_gb_fp16"] == 0.05
+
+
+def test_measured_latency_beside_the_bound_of_the_gpu_it_ran_on():
+    fields = seed_fields({"roofline": ok(ROOFLINE), "measure_latency": ok(LATENCY)})
+    assert fields["roofline_h100_sxm_fp16_ms"] == 0.5 and fields["bottleneck_h100_sxm_fp16"] == "memory"
+    assert fields["latency_p50_ms"] == fields["latency_ms_per_sample"] == 2.0 and fields["latency_p90_ms"] == 2.5
+    assert "latency_p95_ms" not in fields and "latency_p99_ms" not in fields  # unclaimed: absent, not zero
+    assert fields["peak_memory_mb"] == 3.0 and fields["throughput_b8_samples_per_s"] == 1000.0
+    assert fields["measured_gpu"] == "H100-SXM" and fields["fraction_of_roofline"] == pytest.approx(0.5 / 2.0)
+
+
+def test_failed_and_absent_stages_contribute_nothing():
+    fields = seed_fields({"count_params": StageRecord("failed", error="x"), "roofline": ok(NS(gpus={}, local_gpu=None))})
+    assert fields == {}
