@@ -39,7 +39,7 @@ class StageContext:
     job: Job
     backend: Backend
     plugins: Plugins  # to call other hooks (built-in stages run their hook through it)
-    gpu_catalog: Any  # GPUCatalog, built on first use by the pipeline
+    gpu_catalog: Any  # GPUCatalog of every pack the run loaded (typed loosely to keep this module import-light)
     results: dict[str, Any] = attrs.Factory(dict)  # results of stages that already ran for this model, by name
     #: Scratch space shared by the stages of one job (e.g. one counting pass feeding both count_flops and
     #: estimate_traffic). Not written to results.

@@ -73,11 +73,12 @@ def run_plan(
         for job in plan.jobs:
             skipped = {name: StageRecord("skipped", error=reason) for name in job.stages}
             results.put_model(_model_result(job, skipped, finished=True))
-        results.update(provenance=attrs.evolve(results.run.provenance, finished=now()))
+        run_skipped = {name: StageRecord("skipped", error=reason) for name in plan.run_stages}
+        results.update(run_stages=run_skipped, provenance=attrs.evolve(results.run.provenance, finished=now()))
         return results.run
 
     backend.check_device(plan.jobs[0].device)
-    catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose) if ("roofline" in plan.stages or spec.gpus) else None
+    catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose)
     contexts = []
     for job in plan.jobs:
         ctx = StageContext(job, backend, plugins, catalog, model_object=(model_objects or {}).get(job.model.name))
@@ -85,7 +86,7 @@ def run_plan(
         contexts.append(ctx)
     for name in plan.run_stages:
         run_ctx = RunContext(contexts, plan.options.get(name), backend, plugins, catalog)
-        record = run_stage(registry[name], run_ctx, _failed_needs(registry[name], {}))
+        record = run_stage(registry[name], run_ctx, failed_needs=[])
         results.update(run_stages={**results.run.run_stages, name: record})
         if listener:
             listener("<run>", name, record)
