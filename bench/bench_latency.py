@@ -17,8 +17,8 @@ import time
 
 import torch
 import torch.utils.benchmark as benchmark
-
 from machine import describe_machine
+
 from rpx_core import stats
 from rpx_plugins.cpu_backend import CpuBackend
 from rpx_plugins.latency import model_call, sample_calls, warm_up

@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 
 import torch
+from machine import describe_machine
 from torch.utils.flop_counter import FlopCounterMode
 
-from machine import describe_machine
 from rpx_plugins import model_zoo
 from rpx_plugins.torch_counter import build_on_meta, count_model
 

@@ -17,10 +17,6 @@ import attrs
 if TYPE_CHECKING:
     from rpx_core.spec import ModelSpec
 
-#: Every precision rpx knows. Execution support is per backend; roofline peaks are per GPU.
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
-#: Bytes one floating-point element takes at each precision: tf32 is stored as fp32, fp8 and int8 in one byte.
-BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 
 
 @attrs.frozen

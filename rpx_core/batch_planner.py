@@ -39,7 +39,13 @@ from typing import Sequence
 
 import attrs
 
-from rpx_core.batching import BatchSearchResult, MemoryFit, StageSummary, Trial, upstream_fan_outs
+from rpx_core.batching import (
+    BatchSearchResult,
+    MemoryFit,
+    StageSummary,
+    Trial,
+    upstream_fan_outs,
+)
 
 #: Sizes with a memory reading needed before a stage's line is trusted for predictions.
 CALIBRATION_POINTS = 3

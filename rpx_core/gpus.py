@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import difflib
 import re
-import tomllib
 from collections.abc import Callable, Iterable, Mapping
-from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 import attrs
 import cattrs
+import tomllib
 
-from rpx_core.backends import PRECISIONS
 from rpx_core.convert import describe_errors, make_converter
 from rpx_core.errors import RpxError, UnsupportedError
+from rpx_core.precision import PRECISIONS, check_precision
 
 #: Market segments a pack entry can declare.
 SEGMENTS = ("datacenter", "workstation", "consumer", "edge", "soc", "mobile")
@@ -39,10 +38,6 @@ class GPUConflictError(GPUPackError):
 
 class UnknownGPUError(RpxError):
     """No GPU in the catalogue has this name or alias; the message lists the closest names first."""
-
-
-class UnknownPrecisionError(RpxError):
-    """The precision is not one rpx knows (see PRECISIONS)."""
 
 
 class MissingPeakError(UnsupportedError):
@@ -123,20 +118,6 @@ class GPUPack:
     def label(self) -> str:
         """How messages and results name the pack: "reference (rpx 0.1.0)"."""
         return f"{self.name} ({self.provider})"
-
-
-def check_precision(precision: str) -> str:
-    """Return ``precision`` if rpx knows it, else raise UnknownPrecisionError with the closest known name."""
-    if precision not in PRECISIONS:
-        raise UnknownPrecisionError(
-            f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)}){_did_you_mean(precision, PRECISIONS)}"
-        )
-    return precision
-
-
-def reference_pack_path() -> Traversable:
-    """The reference pack shipped inside rpx_plugins (a real path in a normal install; readable either way)."""
-    return files("rpx_plugins.packs").joinpath("reference.toml")
 
 
 # --------------------------------------------------------------------------------------------------------- pack loading

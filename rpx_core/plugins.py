@@ -1,6 +1,6 @@
 """Loading plugins and every call into them, behind typed methods (the rest of rpx never touches ``pm.hook``).
 
-Built-in plugins (``rpx_plugins.BUILTIN``) and third-party ones (entry-point group ``rpx``) load the same way, so both
+Built-in plugins (``BUILTIN``, modules of rpx_plugins) and third-party ones (entry-point group ``rpx``) load the same way, so both
 are listed and disabled alike. A third-party plugin that fails to import is a warning (an error with ``strict``); a
 misspelled hook is always an error; two plugins registering the same name is an error naming both.
 """
@@ -33,8 +33,25 @@ ENTRY_POINT_GROUP = "rpx"
 DISABLE_ENV = "RPX_DISABLE_PLUGINS"  # comma-separated plugin names
 STRICT_ENV = "RPX_STRICT_PLUGINS"  # "1": a plugin that fails to import is an error
 GPU_PACKS_ENV = "RPX_GPU_PACKS"  # extra GPU pack TOML files, separated like PATH
-TRACE_ENV = "RPX_TRACE_HOOKS"  # "1": print every hook call with its arguments and result to stderr
+TRACE_ENV = "RPX_TRACE_HOOKS"  # "1": print every hook call and the plugin that answered to stderr
 HOOK_NAMES = frozenset(name for name in dir(hookspecs) if name.startswith("rpx_"))
+
+#: The built-in plugins (modules of rpx_plugins), by short name, registered in this order before entry-point plugins
+#: and listed and disabled exactly like them.
+BUILTIN = {
+    "stages": "rpx_plugins.stages",
+    "cpu": "rpx_plugins.cpu_backend",
+    "cuda": "rpx_plugins.cuda_backend",
+    "mps": "rpx_plugins.mps_backend",
+    "jax": "rpx_plugins.jax_backend",
+    "jax-tier1": "rpx_plugins.jax_tier1",
+    "torch-tier1": "rpx_plugins.torch_tier1",
+    "reference-gpus": "rpx_plugins.reference_gpus",
+    "roofline": "rpx_plugins.roofline",
+    "system-card": "rpx_plugins.system_card",
+    "latency": "rpx_plugins.latency",
+    "batch-search": "rpx_plugins.batch_search",
+}
 
 T = TypeVar("T")
 
@@ -59,8 +76,6 @@ class Plugins:
     @classmethod
     def load(cls, disabled: Iterable[str] = (), *, strict: bool | None = None, entry_points: bool = True) -> Plugins:
         """Register built-in plugins, then entry-point plugins, skipping ``disabled`` (plus ``RPX_DISABLE_PLUGINS``)."""
-        from rpx_plugins import BUILTIN
-
         disabled = set(disabled) | disabled_from_env()
         strict = os.environ.get(STRICT_ENV) == "1" if strict is None else strict
         manager = pluggy.PluginManager(hookspecs.PROJECT)

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 import attrs
+import tomllib
 
-from rpx_core.backends import PRECISIONS
 from rpx_core.convert import converter, structure
 from rpx_core.errors import SpecError
+from rpx_core.precision import PRECISIONS
 
 SCHEMA_VERSION = 1
 DEFAULT_STAGES = ("count_params", "count_flops", "estimate_traffic", "roofline", "system_card")

@@ -20,7 +20,12 @@ import attrs
 
 from rpx_core.backends import Backend, MemoryPeak, Timer
 from rpx_core.batch_planner import BatchPlanner
-from rpx_core.batching import BatchSearchOptions, BatchSearchResult, BatchTracker, parse_memory_amount
+from rpx_core.batching import (
+    BatchSearchOptions,
+    BatchSearchResult,
+    BatchTracker,
+    parse_memory_amount,
+)
 from rpx_core.context import RunContext, StageContext
 from rpx_core.errors import RpxError, UnsupportedError
 from rpx_core.hookspecs import hookimpl

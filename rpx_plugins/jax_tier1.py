@@ -28,12 +28,20 @@ from typing import Any
 
 import attrs
 
-from rpx_core.backends import BYTES_PER_ELEMENT
 from rpx_core.context import StageContext
 from rpx_core.errors import UnsupportedError
 from rpx_core.hookspecs import hookimpl
+from rpx_core.precision import BYTES_PER_ELEMENT
 from rpx_core.spec import InputSpec
-from rpx_core.tier1 import OTHERS, CountOptions, FlopsResult, OperatorStats, OpRecord, ParamsResult, TrafficResult
+from rpx_core.tier1 import (
+    OTHERS,
+    CountOptions,
+    FlopsResult,
+    OperatorStats,
+    OpRecord,
+    ParamsResult,
+    TrafficResult,
+)
 from rpx_plugins.jax_backend import (
     JaxModel,
     as_jax_model,

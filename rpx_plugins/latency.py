@@ -24,6 +24,7 @@ from rpx_core.hookspecs import hookimpl
 from rpx_core.tier3 import LatencyOptions, LatencyResult, ThroughputResult
 from rpx_plugins.system_card import runtime_threads
 
+
 @attrs.frozen
 class WarmUp:
     calls: int

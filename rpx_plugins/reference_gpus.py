@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 
-from rpx_core.gpus import reference_pack_path
 from rpx_core.hookspecs import hookimpl
 
 
+def reference_pack_path() -> Traversable:
+    """The reference pack shipped inside rpx_plugins (a real path in a normal install; readable either way)."""
+    return files("rpx_plugins.packs").joinpath("reference.toml")
+
+
 @hookimpl
-def rpx_register_gpu_packs() -> list[Any]:
+def rpx_register_gpu_packs() -> list[Traversable]:
     return [reference_pack_path()]

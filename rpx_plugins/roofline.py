@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import attrs
 
-from rpx_core.backends import BYTES_PER_ELEMENT
 from rpx_core.context import StageContext
 from rpx_core.errors import UnsupportedError
 from rpx_core.gpus import GPUSpec
 from rpx_core.hookspecs import hookimpl
+from rpx_core.precision import BYTES_PER_ELEMENT
 from rpx_core.tier2 import RooflineResult
 from rpx_plugins.roofline_math import Workload, compute_roofline
 

@@ -12,7 +12,8 @@ from typing import NamedTuple, Protocol
 
 import attrs
 
-from rpx_core.gpus import GPUSpec, MissingPeakError, check_precision
+from rpx_core.gpus import GPUSpec, MissingPeakError
+from rpx_core.precision import check_precision
 from rpx_core.tier2 import GPURoofline, OperatorTime, RooflineResult, SkippedRoofline
 
 _non_negative = attrs.validators.ge(0)

@@ -10,10 +10,8 @@ from collections.abc import Iterable
 
 import torch
 
-from rpx_core.backends import BYTES_PER_ELEMENT
-from rpx_core.gpus import check_precision
+from rpx_core.precision import BYTES_PER_ELEMENT, check_precision
 from rpx_core.tier1 import ParamsResult
-
 
 
 def count_parameters(model: torch.nn.Module, precision: str) -> ParamsResult:

@@ -351,9 +351,8 @@ def test_options_from_a_spec_table():
 
 
 def test_result_round_trips_through_toml():
-    import tomllib
-
     import tomli_w
+    import tomllib
 
     from rpx_core.results import converter, to_data
 

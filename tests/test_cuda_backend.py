@@ -13,7 +13,12 @@ from rpx_core.errors import UnsupportedError
 from rpx_core.spec import InputSpec, ModelSpec
 from rpx_core.tier3 import LatencyOptions
 from rpx_plugins import cuda_backend, mps_backend
-from rpx_plugins.cuda_backend import CudaBackend, budget_fraction, describe_devices, device_index
+from rpx_plugins.cuda_backend import (
+    CudaBackend,
+    budget_fraction,
+    describe_devices,
+    device_index,
+)
 from rpx_plugins.latency import measure_latency
 from rpx_plugins.mps_backend import MpsBackend
 

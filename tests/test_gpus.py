@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from rpx_core.backends import PRECISIONS
 from rpx_core.errors import RpxError
 from rpx_core.gpus import (
     GPUCatalog,
@@ -17,12 +16,12 @@ from rpx_core.gpus import (
     GPUPackError,
     MissingPeakError,
     UnknownGPUError,
-    UnknownPrecisionError,
     describe_gpu,
     gpu_rows,
     load_pack,
-    reference_pack_path,
 )
+from rpx_core.precision import PRECISIONS, UnknownPrecisionError
+from rpx_plugins.reference_gpus import reference_pack_path
 
 PROVIDER = "rpx 0.1.0"
 

@@ -17,7 +17,12 @@ import torch
 
 from rpx_plugins import host_memory
 from rpx_plugins.cpu_backend import CpuBackend
-from rpx_plugins.host_memory import HostPeakTracker, is_host_out_of_memory, raised_for, read_status_bytes
+from rpx_plugins.host_memory import (
+    HostPeakTracker,
+    is_host_out_of_memory,
+    raised_for,
+    read_status_bytes,
+)
 
 MB = 1_000_000
 TOLERANCE = 20 * MB

@@ -22,7 +22,13 @@ from rpx_core.results import ModelResult
 from rpx_core.spec import load_spec, spec_from_dict
 from rpx_core.tier1 import OTHERS
 from rpx_plugins import jax_jaxpr
-from rpx_plugins.jax_backend import DEVICE_PEAK_BOUND, DEVICE_PEAK_RAISED, JaxBackend, JaxModel, device_peak
+from rpx_plugins.jax_backend import (
+    DEVICE_PEAK_BOUND,
+    DEVICE_PEAK_RAISED,
+    JaxBackend,
+    JaxModel,
+    device_peak,
+)
 from rpx_plugins.jax_tier1 import SCAN_REPEATS
 from rpx_plugins.jax_zoo import mlp
 

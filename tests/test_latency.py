@@ -8,11 +8,11 @@ batch 1 whatever the batch sizes, and processes ``batch / 2 ms`` samples per sec
 from __future__ import annotations
 
 import time
-import tomllib
 
 import numpy as np
 import pytest
 import tomli_w
+import tomllib
 import torch
 
 from rpx_core import stats

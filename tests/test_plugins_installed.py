@@ -9,7 +9,7 @@ import pytest
 
 from rpx_core.api import run_spec
 from rpx_core.errors import PluginError, SpecError
-from rpx_core.plugins import Plugins, PluginLoadWarning
+from rpx_core.plugins import PluginLoadWarning, Plugins
 from rpx_core.spec import spec_from_dict
 from tests.conftest import make_plugin_package, pip_install_target, rpx_cli
 

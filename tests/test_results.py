@@ -9,7 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rpx_core.errors import RpxError
-from rpx_core.results import ModelResult, PluginInfo, Provenance, RunResult, StageRecord, dumps, load, loads, write
+from rpx_core.results import (
+    ModelResult,
+    PluginInfo,
+    Provenance,
+    RunResult,
+    StageRecord,
+    dumps,
+    load,
+    loads,
+    write,
+)
 
 names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_-", min_size=1, max_size=12)
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)

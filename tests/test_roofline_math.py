@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import pytest
 import tomli_w
+import tomllib
 from hypothesis import given
 from hypothesis import strategies as st
 
 from rpx_core.convert import converter
-from rpx_core.gpus import GPUCatalog, UnknownPrecisionError, load_pack, reference_pack_path
+from rpx_core.gpus import GPUCatalog, load_pack
+from rpx_core.precision import UnknownPrecisionError
 from rpx_core.tier2 import RooflineResult
+from rpx_plugins.reference_gpus import reference_pack_path
 from rpx_plugins.roofline_math import Workload, compute_roofline, roofline
 
 

@@ -6,11 +6,11 @@ import os
 import platform
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 import tomli_w
+import tomllib
 import torch
 
 from rpx_core.context import Job, StageContext

@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import attrs
 import pytest
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
 import tomli_w
 import torch
 import torch.nn.functional as F
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from rpx_core.convert import converter
-from rpx_core.gpus import UnknownPrecisionError
+from rpx_core.precision import UnknownPrecisionError
 from rpx_core.tier1 import OTHERS, ROOT_MODULE, FlopsResult, TrafficResult
 from rpx_plugins import model_zoo
-from rpx_plugins.torch_params import count_parameters
 from rpx_plugins.torch_counter import (
     SOFTMAX_FLOPS,
     CountingError,
@@ -30,6 +29,7 @@ from rpx_plugins.torch_counter import (
     build_on_meta,
     count_model,
 )
+from rpx_plugins.torch_params import count_parameters
 
 F32 = 4  # bytes per float32 element
 
