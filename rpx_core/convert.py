@@ -6,7 +6,6 @@ the closest valid name.
 
 from __future__ import annotations
 
-import difflib
 import types
 import typing
 from typing import Any
@@ -15,14 +14,27 @@ import attrs
 import cattrs
 from cattrs.errors import ForbiddenExtraKeysError
 
+from rpx_core.errors import did_you_mean
+
 
 def make_converter() -> cattrs.Converter:
     """A converter that rejects unknown keys and drops None values (TOML has no null)."""
     converter = cattrs.Converter(forbid_extra_keys=True, omit_if_default=False)
     converter.register_unstructure_hook_factory(attrs.has, _omit_none_factory(converter))
     converter.register_structure_hook_func(lambda t: t == tuple[int, ...], _strict_int_tuple)
+    converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _strict_str_tuple)
     converter.register_structure_hook_func(_is_scalar_union, _structure_scalar_union)
     return converter
+
+
+def _strict_str_tuple(value: Any, _: type) -> tuple[str, ...]:
+    """A list of strings; a bare string is refused rather than split into characters."""
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"expected a list of strings, got {type(value).__name__} {value!r}")
+    for item in value:
+        if not isinstance(item, str):
+            raise TypeError(f"expected a string, got {item!r}")
+    return tuple(value)
 
 
 SCALARS = (bool, int, float, str)
@@ -107,13 +119,14 @@ def _format_exception(exc: BaseException, type_: Any) -> str:
         return "; ".join(_unknown_key_message(key, valid) for key in sorted(exc.extra_fields))
     if isinstance(exc, KeyError):
         return "required key is missing"
-    type_name = getattr(type_, "__name__", None) or str(type_).replace("typing.", "")
+    if typing.get_origin(type_) is typing.Literal:
+        return f"expected one of {', '.join(map(repr, typing.get_args(type_)))}"
     if isinstance(exc, (ValueError, TypeError)) and str(exc):
-        return f"invalid value for {type_name}: {exc}"
+        return str(exc)
+    type_name = getattr(type_, "__name__", None) or str(type_).replace("typing.", "")
     return f"invalid value, expected {type_name}"
 
 
 def _unknown_key_message(key: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(valid)}"
+    hint = did_you_mean(key, valid) or f"; valid keys: {', '.join(valid)}"
     return f"unknown key {key!r}{hint}"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from typing import Iterable
+
 
 class RpxError(Exception):
     """A problem the user can fix: bad spec, bad plugin, unavailable backend. Printed as one line, exit code 2."""
@@ -23,3 +26,9 @@ class BackendUnavailable(RpxError):
 
 class UnsupportedError(RpxError):
     """A stage cannot produce a figure for this model/backend/precision; said out loud instead of faking a zero."""
+
+
+def did_you_mean(name: str, valid: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest valid name, or an empty string when nothing is close."""
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -21,7 +21,7 @@ import cattrs
 import tomllib
 
 from rpx_core.convert import describe_errors, make_converter
-from rpx_core.errors import RpxError, UnsupportedError
+from rpx_core.errors import RpxError, UnsupportedError, did_you_mean
 from rpx_core.precision import PRECISIONS, check_precision
 
 #: Market segments a pack entry can declare.
@@ -218,7 +218,7 @@ def _entry_problems(specs: list[GPUSpec]) -> list[str]:
         where = f"gpu[{index}]"
         problems += _positive(where, memory_gb=spec.memory_gb, bandwidth_gb_s=spec.bandwidth_gb_s)
         if spec.segment not in SEGMENTS:
-            problems.append(f"{where}.segment: unknown segment {spec.segment!r}{_did_you_mean(spec.segment, SEGMENTS)}")
+            problems.append(f"{where}.segment: unknown segment {spec.segment!r}{did_you_mean(spec.segment, SEGMENTS)}")
         if not spec.peaks:
             problems.append(f"{where}.peaks: no peaks; give at least one precision's dense figure")
         for precision, peak in spec.peaks.items():
@@ -233,7 +233,7 @@ def _entry_problems(specs: list[GPUSpec]) -> list[str]:
 def _peak_problems(where: str, precision: str, peak: Peak) -> list[str]:
     problems = _positive(where, tflops=peak.tflops)
     if precision not in PRECISIONS:
-        problems.append(f"{where}: unknown precision {precision!r}{_did_you_mean(precision, PRECISIONS)}")
+        problems.append(f"{where}: unknown precision {precision!r}{did_you_mean(precision, PRECISIONS)}")
     if peak.sparse_tflops is not None and peak.sparse_tflops < peak.tflops:
         problems.append(f"{where}.sparse_tflops: smaller than the dense tflops; the dense figure goes in tflops")
     if peak.estimate and not peak.note:
@@ -265,7 +265,7 @@ class GPUCatalog:
         for key, (name, _) in choices.items():
             if key not in definitions:
                 known = [defs[0][1].name for defs in definitions.values()]
-                raise UnknownGPUError(f"choose: no pack defines GPU {name!r}{_did_you_mean(name, known)}")
+                raise UnknownGPUError(f"choose: no pack defines GPU {name!r}{did_you_mean(name, known)}")
         resolved = [_resolve(defs, choices.get(key)) for key, defs in definitions.items()]
         self._specs = tuple(spec for _, spec in resolved)
         self._pack_of = {spec.name: pack for pack, spec in resolved}
@@ -360,8 +360,3 @@ def _index_by_name(specs: Iterable[GPUSpec]) -> dict[str, GPUSpec]:
 def _normalise(name: str) -> str:
     """Case- and punctuation-free form, so "NVIDIA A100-SXM4-80GB" and "nvidia a100 sxm4 80gb" compare equal."""
     return re.sub(r"[^0-9a-z]", "", name.casefold())
-
-
-def _did_you_mean(word: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""

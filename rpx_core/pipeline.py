@@ -22,7 +22,7 @@ from rpx_core import __version__
 from rpx_core.context import Job, RunContext, StageContext
 from rpx_core.convert import converter
 from rpx_core.errors import BackendUnavailable
-from rpx_core.plan import Plan, gpu_pack_paths
+from rpx_core.plan import Plan
 from rpx_core.plugins import Plugins
 from rpx_core.results import ModelResult, Provenance, RunResult, StageRecord, write
 from rpx_core.stages import Provided, StageDef
@@ -78,7 +78,7 @@ def run_plan(
         return results.run
 
     backend.check_device(plan.jobs[0].device)
-    catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose)
+    catalog = plan.gpu_catalog
     contexts = []
     for job in plan.jobs:
         ctx = StageContext(job, backend, plugins, catalog, model_object=(model_objects or {}).get(job.model.name))

@@ -5,7 +5,6 @@ Everything ``rpx validate`` can check without building a model happens here, so 
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import attrs
 
 from rpx_core.context import Job
 from rpx_core.convert import structure
-from rpx_core.errors import RpxError, SpecError
+from rpx_core.errors import RpxError, SpecError, did_you_mean
 from rpx_core.plugins import Plugins
 from rpx_core.spec import ModelSpec, Spec
 from rpx_core.stages import StageDef, resolve_order
@@ -28,18 +27,22 @@ class Plan:
     run_stages: tuple[str, ...]  # the run-scoped ones (once per spec, after the models)
     jobs: tuple[Job, ...]
     options: dict[str, Any]  # stage -> structured options object
+    gpu_catalog: Any  # every GPU of every pack this run loaded (plugin packs, the spec's gpu_packs, RPX_GPU_PACKS)
     where: str = "<spec>"  # the spec's file, for error messages
 
 
 def make_plan(spec: Spec, plugins: Plugins, *, where: str = "<spec>", stages: tuple[str, ...] | None = None) -> Plan:
-    """Resolve stage dependencies, check options and GPU names, and describe each model's job."""
+    """Resolve stage dependencies, check options, backend and GPU names, and describe each model's job."""
     registry = plugins.stages(spec.choose)
     try:
         order = resolve_order(stages or spec.stages, registry)
+        backend = plugins.backend(spec.backend, spec.choose, require_available=False)
     except RpxError as exc:
-        raise SpecError(f"{where}: stages: {exc}") from None
-    options = structure_options(spec, registry, where)
-    backend = plugins.backend(spec.backend, spec.choose, require_available=False)
+        raise SpecError(f"{where}: {exc}") from None
+    check_scopes(order, registry, where)
+    options = structure_options(spec, registry, order, where)
+    catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose)
+    check_gpus(spec, catalog, order, where)
     device = spec.device or backend.default_device()
     model_stages = tuple(name for name in order if registry[name].scope == "model")
     jobs = tuple(
@@ -55,22 +58,28 @@ def make_plan(spec: Spec, plugins: Plugins, *, where: str = "<spec>", stages: tu
         )
         for model in spec.models
     )
-    if spec.gpus:
-        check_gpu_names(spec, plugins, where)
     run_stages = tuple(name for name in order if registry[name].scope == "run")
-    return Plan(spec, tuple(order), run_stages, jobs, options, where)
+    return Plan(spec, tuple(order), run_stages, jobs, options, catalog, where)
 
 
-def structure_options(spec: Spec, registry: dict[str, StageDef], where: str) -> dict[str, Any]:
-    """Each stage's ``[options.<stage>]`` table as its options class (defaults when absent); unknown stages refused."""
+def check_scopes(order: list[str], registry: dict[str, StageDef], where: str) -> None:
+    """A per-model stage runs before the run-scoped ones, so it cannot need one."""
+    for name in order:
+        stage = registry[name]
+        wrong = [need for need in stage.needs if stage.scope == "model" and registry[need].scope == "run"]
+        if wrong:
+            raise SpecError(f"{where}: stages: per-model stage {name!r} needs run-scoped stage {wrong[0]!r}, which runs after it")
+
+
+def structure_options(spec: Spec, registry: dict[str, StageDef], order: list[str], where: str) -> dict[str, Any]:
+    """The options of each stage that runs or that the spec configures, as its options class (defaults when absent)."""
     for name in spec.options:
         if name not in registry:
-            close = difflib.get_close_matches(name, registry, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; stages: {', '.join(sorted(registry))}"
+            hint = did_you_mean(name, registry) or f"; stages: {', '.join(sorted(registry))}"
             raise SpecError(f"{where}: options.{name}: unknown stage {name!r}{hint}")
     options: dict[str, Any] = {}
-    for name, stage in registry.items():
-        table = spec.options.get(name, {})
+    for name in dict.fromkeys([*order, *spec.options]):
+        stage, table = registry[name], spec.options.get(name, {})
         if stage.options is None:
             if table:
                 raise SpecError(f"{where}: options.{name}: stage {name!r} takes no options")
@@ -79,14 +88,15 @@ def structure_options(spec: Spec, registry: dict[str, StageDef], where: str) -> 
     return options
 
 
-def check_gpu_names(spec: Spec, plugins: Plugins, where: str) -> None:
-    catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose)
+def check_gpus(spec: Spec, catalog: Any, order: list[str], where: str) -> None:
+    if "roofline" in order and not spec.gpus:
+        raise SpecError(f'{where}: gpus: the roofline stage needs GPUs to bound: names from `rpx gpus`, or ["all"]')
     for index, name in enumerate(spec.gpus):
         if name == "all":
             continue
         try:
             catalog.get(name)
-        except Exception as exc:
+        except RpxError as exc:
             raise SpecError(f"{where}: gpus[{index}]: {exc}") from None
 
 

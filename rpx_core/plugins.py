@@ -234,6 +234,4 @@ def _check_hook_names(plugin: Any, name: str) -> None:
     """A function named like a hook that is not one is a typo that would be silently ignored: refuse it."""
     for attribute in dir(plugin):
         if attribute.startswith("rpx_") and attribute not in HOOK_NAMES and callable(getattr(plugin, attribute)):
-            close = difflib.get_close_matches(attribute, HOOK_NAMES, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise PluginError(f"plugin {name!r}: {attribute!r} is not an rpx hook{hint}")
+            raise PluginError(f"plugin {name!r}: {attribute!r} is not an rpx hook{did_you_mean(attribute, HOOK_NAMES)}")

@@ -5,11 +5,12 @@ Execution support is per backend and roofline peaks are per GPU; this is the sha
 
 from __future__ import annotations
 
-import difflib
+from typing import Literal, get_args
 
-from rpx_core.errors import RpxError
+from rpx_core.errors import RpxError, did_you_mean
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+Precision = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 #: Bytes one floating-point element takes at each precision: tf32 is stored as fp32, fp8 and int8 in one byte.
 BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 
@@ -21,7 +22,7 @@ class UnknownPrecisionError(RpxError):
 def check_precision(precision: str) -> str:
     """Return ``precision`` if rpx knows it, else raise UnknownPrecisionError with the closest known name."""
     if precision not in PRECISIONS:
-        close = difflib.get_close_matches(precision, PRECISIONS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise UnknownPrecisionError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)}){hint}")
+        raise UnknownPrecisionError(
+            f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)}){did_you_mean(precision, PRECISIONS)}"
+        )
     return precision

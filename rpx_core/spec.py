@@ -16,20 +16,12 @@ import tomllib
 
 from rpx_core.convert import converter, structure
 from rpx_core.errors import SpecError
-from rpx_core.precision import PRECISIONS
+from rpx_core.precision import Precision
 
 SCHEMA_VERSION = 1
-DEFAULT_STAGES = ("count_params", "count_flops", "estimate_traffic", "roofline", "system_card")
+DEFAULT_STAGES = ("count_params", "count_flops", "estimate_traffic", "system_card")
+Dtype = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
-DTYPES = (*FLOAT_DTYPES, "int64", "int32", "int16", "int8", "uint8", "bool")
-
-
-def _one_of(choices: tuple[str, ...]):
-    def check(_: Any, attribute: attrs.Attribute, value: str) -> None:
-        if value not in choices:
-            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
-
-    return check
 
 
 def _non_negative_dims(_: Any, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:
@@ -42,7 +34,7 @@ class InputSpec:
     """One model input: a tensor of ``shape`` and ``dtype``. Integer inputs (token ids) are drawn from [0, high)."""
 
     shape: tuple[int, ...] = attrs.field(validator=_non_negative_dims)
-    dtype: str = attrs.field(default="float32", validator=_one_of(DTYPES))
+    dtype: Dtype = "float32"
     name: str | None = None  # pass as this keyword argument instead of positionally
     high: int | None = None  # exclusive upper bound of integer values (e.g. the vocabulary size)
     batch_dim: int | None = 0  # the dimension batch sizes scale; None for inputs without one
@@ -91,7 +83,7 @@ class Spec:
     stages: tuple[str, ...] = DEFAULT_STAGES
     backend: str = "cpu"
     device: str | None = None  # e.g. "cuda:1"; default: the backend's default device
-    precision: str = attrs.field(default="fp32", validator=_one_of(PRECISIONS))
+    precision: Precision = "fp32"
     batch_sizes: tuple[int, ...] = (1,)  # throughput is measured at each; latency always at batch 1
     gpus: tuple[str, ...] = ()  # GPU names to compute rooflines for; ["all"] for every known GPU
     gpu_packs: tuple[str, ...] = ()  # extra GPU pack TOML files
@@ -150,6 +142,10 @@ def _check_semantics(spec: Spec, where: str) -> None:
         for position, spec_input in enumerate(model.inputs):
             if spec_input.batch_dim is not None and spec_input.batch_dim >= len(spec_input.shape):
                 problems.append(f"models[{index}].inputs[{position}].batch_dim: out of range for shape {list(spec_input.shape)}")
+    try:
+        spec.output.format(name=spec.name)
+    except (KeyError, IndexError, ValueError) as exc:
+        problems.append(f"output: {spec.output!r} is not a valid template (only {{name}} is filled in): {exc!r}")
     if any(size < 1 for size in spec.batch_sizes):
         problems.append("batch_sizes: every batch size must be >= 1")
     if problems:
