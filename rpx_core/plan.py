@@ -13,7 +13,7 @@ import attrs
 from rpx_core.context import Job
 from rpx_core.convert import structure
 from rpx_core.errors import RpxError, SpecError, did_you_mean
-from rpx_core.plugins import Plugins
+from rpx_core.plugins import Plugins, choose_one_of
 from rpx_core.spec import ModelSpec, Spec
 from rpx_core.stages import StageDef, resolve_order
 
@@ -36,9 +36,12 @@ def make_plan(spec: Spec, plugins: Plugins, *, where: str = "<spec>", stages: tu
     registry = plugins.stages(spec.choose)
     try:
         order = resolve_order(stages or spec.stages, registry)
-        backend = plugins.backend(spec.backend, spec.choose, require_available=False)
     except RpxError as exc:
-        raise SpecError(f"{where}: {exc}") from None
+        raise SpecError(f"{where}: stages: {exc}") from None
+    backends = plugins.backends(spec.choose)
+    if spec.backend not in backends:
+        raise SpecError(f"{where}: backend: {spec.backend!r} not recognized. {choose_one_of(spec.backend, backends)}")
+    backend = backends[spec.backend]
     check_scopes(order, registry, where)
     options = structure_options(spec, registry, order, where)
     catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose)

@@ -20,7 +20,7 @@ import attrs
 import pluggy
 
 from rpx_core import __version__, hookspecs
-from rpx_core.errors import BackendUnavailable, PluginError, RpxError
+from rpx_core.errors import BackendUnavailable, PluginError, RpxError, did_you_mean
 from rpx_core.results import PluginInfo
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ class Plugins:
     def _collect(self, hook: str, key: Callable[[T], str], kind: str, chosen: dict[str, str]) -> dict[str, tuple[T, str]]:
         """Call a registration hook plugin by plugin; return name -> (object, plugin name), refusing unresolved clashes."""
         found: dict[str, tuple[T, str]] = {}
-        for impl in reversed(getattr(self._pm.hook, hook).get_hookimpls()):  # registration order
+        for impl in reversed(getattr(self._pm.hook, hook).get_hookimpls()):  # call order: last registered first
             for item in impl.function() or ():
                 name = key(item)
                 if name in found and found[name][1] != impl.plugin_name:
@@ -169,8 +169,8 @@ class Plugins:
                     elif pick != first:
                         raise PluginError(
                             f"{kind} {name!r} is registered by {self._provider(first)} and by "
-                            f"{self._provider(impl.plugin_name)}; choose one in the spec: "
-                            f'[choose.{kind}s] "{name}" = "{first}"'
+                            f"{self._provider(impl.plugin_name)}; choose one in the spec, e.g. "
+                            f'choose = {{ {kind}s = {{ "{name}" = "{first}" }} }}'
                         )
                     continue
                 found[name] = (item, impl.plugin_name)

@@ -74,7 +74,7 @@ def test_disabling_the_plugin_removes_everything_it_registered(example_plugin_si
     assert next(i for i in json.loads(listing.stdout) if i["name"] == "example")["status"] == "disabled"
     done = rpx_cli(*args, "validate", str(spec), env=env)
     assert done.returncode == 2
-    assert "backend 'cpu-1thread' not recognized. Choose one of: cpu" in done.stderr
+    assert "backend: 'cpu-1thread' not recognized. Choose one of: cpu" in done.stderr
 
 
 def test_builtin_plugins_can_be_disabled_like_any_other(write_spec):
