@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Literal, Sequence
 
 from rpx_core import results as results_io
 from rpx_core.pipeline import Listener, run_plan
@@ -15,24 +15,27 @@ from rpx_core.spec import DEFAULT_STAGES, Spec, load_spec, spec_from_dict
 __all__ = ["load_spec", "run_spec", "run", "profile", "load_results"]
 
 #: ``output=DEFAULT`` writes where the spec says; ``output=None`` writes nothing.
-DEFAULT = "spec"
+DEFAULT: Any = object()
 
 
 def run_spec(
     spec: Spec,
     *,
     output: str | Path | None = DEFAULT,
+    fmt: Literal["toml", "json"] | None = None,
     stages: Sequence[str] | None = None,
     plugins: Plugins | None = None,
     spec_path: str | None = None,
     model_objects: dict[str, Any] | None = None,
     listener: Listener | None = None,
 ) -> RunResult:
-    """Run a loaded spec. Results are written to ``output`` (TOML, or JSON for a .json suffix) as they are measured."""
+    """Run a loaded spec. Results are written to ``output`` as they are measured, in ``fmt`` (default: JSON for a
+    .json suffix, else TOML)."""
     plugins = plugins or Plugins.load()
     plan = make_plan(spec, plugins, where=spec_path or "<spec>", stages=tuple(stages) if stages else None)
-    path = spec.output_path() if output == DEFAULT else (Path(output) if output is not None else None)
-    return run_plan(plan, plugins, output=path, spec_path=spec_path, model_objects=model_objects, listener=listener)
+    path = spec.output_path() if output is DEFAULT else (Path(output) if output is not None else None)
+    return run_plan(plan, plugins, output=path, fmt=fmt, spec_path=spec_path, model_objects=model_objects,
+                    listener=listener)
 
 
 def run(spec_path: str | Path, **kwargs: Any) -> RunResult:
@@ -44,15 +47,18 @@ def profile(
     model: Any,
     inputs: Iterable[Any],
     *,
-    stages: Sequence[str] = DEFAULT_STAGES,
+    stages: Sequence[str] | None = None,
     name: str = "model",
     plugins: Plugins | None = None,
     output: str | Path | None = None,
     **settings: Any,
 ) -> ModelResult:
-    """Profile a live model object. ``inputs`` are shapes (``(1, 3, 224, 224)``) or input tables
-    (``{"shape": [1, 128], "dtype": "int64", "high": 32000}``); ``settings`` are spec keys (backend, precision,
-    gpus, batch_sizes, options, ...)."""
+    """Profile a live model object (never modified: stages that execute it place a copy). ``inputs`` are shapes
+    (``(1, 3, 224, 224)``) or input tables (``{"shape": [1, 128], "dtype": "int64", "high": 32000}``); ``settings``
+    are spec keys (backend, precision, gpus, batch_sizes, options, ...). Default stages: Tier 1 and the system card,
+    plus the roofline when ``gpus`` are given."""
+    if stages is None:
+        stages = (*DEFAULT_STAGES, "roofline") if settings.get("gpus") else DEFAULT_STAGES
     tables = [{"shape": list(item)} if isinstance(item, (tuple, list)) else dict(item) for item in inputs]
     model_table = {"name": name, "source": f"<object>:{type(model).__name__}", "inputs": tables}
     spec = spec_from_dict({"models": [model_table], "stages": list(stages), **settings}, where="profile()")

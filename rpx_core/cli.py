@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from rpx_core import __version__
 
-EXIT_OK, EXIT_STAGE_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_STAGE_FAILED, EXIT_INTERNAL = 0, 1, 3  # bad input exits with RpxError.exit_code, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,10 +65,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     output = Path(args.output) if args.output else spec.output_path()
-    if args.format:
-        output = output.with_suffix(f".{args.format}")
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip()) if args.stages else None
-    result = run_spec(spec, output=output, stages=stages, plugins=load_plugins(args), spec_path=args.spec, listener=print_progress)
+    result = run_spec(spec, output=output, fmt=args.format, stages=stages, plugins=load_plugins(args), spec_path=args.spec,
+                      listener=print_progress)
     print(render_run(result))
     print(f"results: {output}")
     return EXIT_OK if result.ok else EXIT_STAGE_FAILED
@@ -175,13 +174,13 @@ def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Nam
         sys.stderr.close()
         return EXIT_OK
     except KeyboardInterrupt:
-        print("rpx: interrupted (results measured so far are in the results file)", file=sys.stderr)
+        print("rpx: interrupted; whatever was measured before is in the results file, if one was started", file=sys.stderr)
         return 130
     except Exception as exc:
         if args.debug:
             raise
         print(f"rpx: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
-        return EXIT_STAGE_FAILED
+        return EXIT_INTERNAL
 
 
 def _one_line_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:

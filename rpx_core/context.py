@@ -5,6 +5,7 @@ A :class:`Job` holds only data, so a future executor can send it to a worker pro
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -29,7 +30,6 @@ class Job:
     options: dict[str, Any]  # stage name -> structured options object
     gpus: tuple[str, ...]
     batch_sizes: tuple[int, ...]
-    base_dir: str = "."
 
 
 @attrs.define
@@ -50,10 +50,11 @@ class StageContext:
         return self.job.options.get(stage)
 
     def build_model(self) -> Any:
-        """Call the model factory (unplaced, on whatever device the factory uses) or return the given object."""
+        """Call the model factory (unplaced, on whatever device the factory uses), or copy the given object so that
+        placing it (dtype, device, eval mode) never changes the caller's model."""
         if self.model_object is not None:
-            return self.model_object
-        factory = load_callable(self.job.model.source, self.job.base_dir, what=f"model {self.job.model.name!r}")
+            return copy.deepcopy(self.model_object)
+        factory = load_callable(self.job.model.source, what=f"model {self.job.model.name!r}")
         return factory(**self.job.model.kwargs)
 
     def model(self) -> Any:

@@ -67,38 +67,80 @@ def rpx_register_stages() -> list[StageDef]:
 
 
 # -- stage hooks (first non-None result wins) --------------------------------------------------------------------------
+#
+# Each receives ``ctx`` (rpx_core.context.StageContext): ``ctx.job`` (the model spec, backend, device, precision,
+# batch sizes and every stage's options, as data), ``ctx.backend`` (the Backend object), ``ctx.model()`` and
+# ``ctx.inputs(batch_size)`` (built once per job, on the job's device), ``ctx.results`` (results of stages that already
+# ran for this model) and ``ctx.gpu_catalog``. Each is called plugin by plugin, third-party first and built-ins last,
+# and stops at the first result that is not None; the engine records which plugin produced it. The result must be
+# the stage's result type (checked), so every consumer and the results file can rely on it.
 
 
 @hookspec(firstresult=True)
 def rpx_count_params(ctx: StageContext) -> Any:
-    """Count parameters and buffers; return :class:`rpx_core.tier1.ParamsResult`, or None to pass."""
+    """Count parameters and buffers. Returns :class:`rpx_core.tier1.ParamsResult`, or None to pass. First result wins.
+
+    Example: ``if ctx.backend.framework != "mine": return None`` then
+    ``return ParamsResult(total=..., trainable=..., non_trainable=..., buffers=..., bytes_at_precision=...,
+    precision=ctx.job.precision)``.
+    """
 
 
 @hookspec(firstresult=True)
 def rpx_count_flops(ctx: StageContext) -> Any:
-    """Count FLOPs and MACs of one forward (or forward+backward) pass; return :class:`rpx_core.tier1.FlopsResult`."""
+    """Count FLOPs and MACs of one pass (``ctx.options("count_flops")``: backward, batch size, where to count).
+    Returns :class:`rpx_core.tier1.FlopsResult` (FLOPs = 2 x MACs for matrix work; ops without a formula listed in
+    ``uncounted_ops``), or None to pass. First result wins.
+
+    Example: a backend whose compiler reports costs returns ``FlopsResult(...)`` from that report for its own
+    backend name and None otherwise.
+    """
 
 
 @hookspec(firstresult=True)
 def rpx_estimate_traffic(ctx: StageContext) -> Any:
-    """Estimate bytes moved and activation memory; return :class:`rpx_core.tier1.TrafficResult`, or None to pass."""
+    """Estimate bytes moved (unfused and fused bounds) and peak activation memory. Returns
+    :class:`rpx_core.tier1.TrafficResult` with its ``assumptions`` stated, or None to pass. First result wins.
+
+    Example: reuse the counting pass of ``rpx_count_flops`` through ``ctx.cache`` instead of running the model twice.
+    """
 
 
 @hookspec(firstresult=True)
 def rpx_roofline(ctx: StageContext) -> Any:
-    """Lower-bound latency per GPU and precision from Tier 1; return :class:`rpx_core.tier2.RooflineResult`."""
+    """Lower-bound latency per GPU and precision from ``ctx.results["count_flops"]``/``["estimate_traffic"]`` and
+    ``ctx.gpu_catalog``. Returns :class:`rpx_core.tier2.RooflineResult`, or None to pass. First result wins.
+
+    Example: a plugin modelling a chip with a different memory hierarchy returns its own bounds for that chip's
+    backend and None otherwise.
+    """
 
 
 @hookspec(firstresult=True)
 def rpx_system_card(ctx: StageContext) -> Any:
-    """Describe the machine and the run settings; return :class:`rpx_core.system.SystemCard`, or None to pass."""
+    """Describe the machine and the run settings. Returns :class:`rpx_core.system.SystemCard`, or None to pass.
+    First result wins.
+
+    Example: a plugin for an embedded board whose CPU name is not in /proc/cpuinfo returns
+    ``attrs.evolve(machine_card(), host_processor_model_name=board_cpu_name())``.
+    """
 
 
 @hookspec(firstresult=True)
 def rpx_measure_latency(ctx: StageContext) -> Any:
-    """Measure latency percentiles, throughput and peak memory; return :class:`rpx_core.tier3.LatencyResult`."""
+    """Measure latency percentiles at batch 1, throughput per batch size and peak memory of the measured region.
+    Returns :class:`rpx_core.tier3.LatencyResult`, or None to pass. First result wins.
+
+    Example: a remote-device plugin times calls on the device itself and returns the samples' statistics, built with
+    :mod:`rpx_core.stats` so percentiles follow the same method and sufficiency rules.
+    """
 
 
 @hookspec(firstresult=True)
 def rpx_batch_search(ctx: RunContext) -> Any:
-    """Search batch sizes for a pipeline of models under a memory budget; return a batch-search result, or None."""
+    """Search batch sizes for a pipeline of models under a memory budget. Receives a
+    :class:`rpx_core.context.RunContext` (one StageContext per model, the options, the backend). Returns
+    :class:`rpx_core.batching.BatchSearchResult`, or None to pass. First result wins.
+
+    Example: a plugin that runs each trial in a fresh subprocess returns the same result type from its own runner.
+    """

@@ -12,12 +12,12 @@ from typing import Any, Callable
 from rpx_core.errors import RpxError
 
 
-def load_callable(source: str, base_dir: str = ".", *, what: str = "source") -> Callable[..., Any]:
-    """Resolve ``package.module:attr`` or ``path/to/file.py:attr`` (relative to ``base_dir``)."""
+def load_callable(source: str, *, what: str = "source") -> Callable[..., Any]:
+    """Resolve ``package.module:attr`` or ``path/to/file.py:attr`` (the planner makes spec-relative paths absolute)."""
     module_part, _, attr_path = source.rpartition(":")
     if not module_part or not attr_path:
         raise RpxError(f"{what} {source!r}: expected 'package.module:callable' or 'path/to/file.py:callable'")
-    module = _import_file(module_part, base_dir, what) if module_part.endswith(".py") else _import_module(module_part, what)
+    module = _import_file(module_part, what) if module_part.endswith(".py") else _import_module(module_part, what)
     target: Any = module
     for part in attr_path.split("."):
         try:
@@ -36,11 +36,8 @@ def _import_module(name: str, what: str) -> Any:
         raise RpxError(f"{what} {name!r}: cannot import: {exc}") from exc
 
 
-def _import_file(file_name: str, base_dir: str, what: str) -> Any:
-    path = Path(file_name)
-    if not path.is_absolute():
-        path = Path(base_dir) / path
-    path = path.resolve()
+def _import_file(file_name: str, what: str) -> Any:
+    path = Path(file_name).resolve()
     if not path.is_file():
         raise RpxError(f"{what} {file_name!r}: no such file {path}")
     module_name = "rpx_user_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]

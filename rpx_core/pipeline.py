@@ -14,17 +14,16 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import attrs
 
 from rpx_core import __version__
 from rpx_core.context import Job, RunContext, StageContext
-from rpx_core.convert import converter
-from rpx_core.errors import BackendUnavailable
+from rpx_core.errors import BackendUnavailable, RpxError
 from rpx_core.plan import Plan
 from rpx_core.plugins import Plugins
-from rpx_core.results import ModelResult, Provenance, RunResult, StageRecord, write
+from rpx_core.results import ModelResult, Provenance, RunResult, StageRecord, check_result, write
 from rpx_core.stages import Provided, StageDef
 from rpx_core.summary import seed_fields
 
@@ -38,14 +37,18 @@ def now() -> str:
 class ResultsFile:
     """The run's results, rewritten atomically whenever something new is known."""
 
-    def __init__(self, run: RunResult, path: Path | None) -> None:
+    def __init__(self, run: RunResult, path: Path | None, fmt: Literal["toml", "json"] | None = None) -> None:
         self.run = run
         self.path = path
+        self.fmt = fmt
 
     def update(self, **changes: Any) -> None:
         self.run = attrs.evolve(self.run, **changes)
         if self.path is not None:
-            write(self.run, self.path)
+            try:
+                write(self.run, self.path, self.fmt)
+            except OSError as exc:
+                raise RpxError(f"cannot write results to {self.path}: {exc.strerror or exc}") from None
 
     def put_model(self, model: ModelResult) -> None:
         models = [m for m in self.run.models if m.name != model.name]
@@ -57,6 +60,7 @@ def run_plan(
     plugins: Plugins,
     *,
     output: Path | None,
+    fmt: Literal["toml", "json"] | None = None,
     spec_path: str | None = None,
     model_objects: dict[str, Any] | None = None,
     listener: Listener | None = None,
@@ -65,7 +69,8 @@ def run_plan(
     spec = plan.spec
     backend = plugins.backend(spec.backend, spec.choose, require_available=False)
     registry = plugins.stages(spec.choose)
-    results = ResultsFile(RunResult(provenance=provenance(plan, plugins, spec_path)), output)
+    results = ResultsFile(RunResult(provenance=provenance(plan, plugins, spec_path)), output, fmt)
+    results.update()  # the file exists (and its folder is writable) before anything is measured
     if not backend.availability.available:
         reason = f"backend {backend.name!r} is not available on this machine: {backend.availability.reason}"
         if spec.on_unavailable == "error":
@@ -99,10 +104,15 @@ def run_job(ctx: StageContext, registry: dict[str, StageDef], results: ResultsFi
     job = ctx.job
     records: dict[str, StageRecord] = {}
     model = _model_result(job, records)
+    completed = False
     try:
         for name in job.stages:
             stage = registry[name]
-            record = run_stage(stage, ctx, _failed_needs(stage, records))
+            try:
+                record = run_stage(stage, ctx, _failed_needs(stage, records))
+            except BaseException:  # Ctrl-C or exit mid-stage: say so in the file, then let it propagate
+                model = attrs.evolve(model, stages={**records, name: StageRecord("failed", error="interrupted")})
+                raise
             records[name] = record
             if record.status == "ok":
                 ctx.results[name] = record.result
@@ -110,8 +120,10 @@ def run_job(ctx: StageContext, registry: dict[str, StageDef], results: ResultsFi
             results.put_model(model)
             if listener:
                 listener(job.model.name, name, record)
+        completed = True
     finally:
-        model = attrs.evolve(model, finished=now())
+        if completed:
+            model = attrs.evolve(model, finished=now())
         results.put_model(model)
         ctx.release()  # free the model and inputs before the next job
         gc.collect()
@@ -128,6 +140,7 @@ def run_stage(stage: StageDef, ctx: Any, failed_needs: list[str]) -> StageRecord
         result = stage.run(ctx)
         if isinstance(result, Provided):
             result, provider = result.result, result.plugin
+        check_result(stage.name, result)
     except Exception as exc:
         return StageRecord(
             "failed",
@@ -156,14 +169,12 @@ def _model_result(job: Job, records: dict[str, StageRecord], finished: bool = Fa
 
 
 def provenance(plan: Plan, plugins: Plugins, spec_path: str | None) -> Provenance:
-    spec_data = converter.unstructure(attrs.evolve(plan.spec, base_dir="."))
-    spec_data.pop("base_dir", None)
     return Provenance(
         rpx_version=__version__,
         python=platform.python_version(),
         created=now(),
         spec_hash=plan.spec.digest(),
-        spec=spec_data,
+        spec=plan.spec.to_data(),
         spec_path=spec_path,
         command=shlex.join(sys.argv) if sys.argv and sys.argv[0] else None,
         plugins=tuple(info for info in plugins.infos() if info.status != "disabled"),

@@ -96,9 +96,6 @@ class Plugins:
             manager.check_pending()
         except pluggy.PluginValidationError as exc:
             raise PluginError(f"plugin {manager.get_name(exc.plugin)!r}: {exc}") from None
-        if os.environ.get(TRACE_ENV) == "1":
-            manager.trace.root.setwriter(sys.stderr.write)
-            manager.enable_tracing()
         return plugins
 
     def _load_entry_point(self, entry_point: importlib.metadata.EntryPoint, disabled: set[str], strict: bool) -> None:
@@ -135,7 +132,11 @@ class Plugins:
     def register(self, plugin: Any, name: str) -> None:
         """Register a plugin object at run time (notebooks, tests); it is asked before the built-ins."""
         self._register(plugin, name, "<runtime>", "-", builtin=False)
-        self._pm.check_pending()
+        try:
+            self._pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            self.unregister(name)
+            raise PluginError(f"plugin {name!r}: {exc}") from None
 
     def unregister(self, name: str) -> None:
         self._pm.unregister(name=name)
@@ -158,7 +159,7 @@ class Plugins:
     def _collect(self, hook: str, key: Callable[[T], str], kind: str, chosen: dict[str, str]) -> dict[str, tuple[T, str]]:
         """Call a registration hook plugin by plugin; return name -> (object, plugin name), refusing unresolved clashes."""
         found: dict[str, tuple[T, str]] = {}
-        for impl in reversed(getattr(self._pm.hook, hook).get_hookimpls()):  # call order: last registered first
+        for impl in _implementations(getattr(self._pm.hook, hook)):
             for item in impl.function() or ():
                 name = key(item)
                 if name in found and found[name][1] != impl.plugin_name:
@@ -200,7 +201,7 @@ class Plugins:
         from rpx_core.gpus import GPUCatalog, load_pack
 
         packs = []
-        for impl in reversed(self._pm.hook.rpx_register_gpu_packs.get_hookimpls()):
+        for impl in _implementations(self._pm.hook.rpx_register_gpu_packs):
             for path in impl.function() or ():
                 path = Path(path) if isinstance(path, str) else path  # Path or importlib.resources Traversable
                 packs.append(load_pack(path, provider=self._distribution(impl.plugin_name)))
@@ -214,13 +215,21 @@ class Plugins:
         """Ask plugins (third-party first, built-ins last) to run ``stage``; return the first non-None result and
         the name of the plugin that produced it (recorded with the result, so every figure names its source)."""
         trace = os.environ.get(TRACE_ENV) == "1"
-        for impl in reversed(getattr(self._pm.hook, f"rpx_{stage}").get_hookimpls()):  # pluggy's call order
-            result = impl.function(ctx=ctx)
+        for impl in _implementations(getattr(self._pm.hook, f"rpx_{stage}")):
+            result = impl.function(**{name: ctx for name in impl.argnames})
             if trace:
                 print(f"rpx: hook rpx_{stage} [{impl.plugin_name}] -> {type(result).__name__}", file=sys.stderr)
             if result is not None:
                 return result, impl.plugin_name
         return None, None
+
+
+def _implementations(hook: Any) -> list[Any]:
+    """A hook's implementations in pluggy's call order (tryfirst first, trylast last, otherwise last registered first).
+
+    rpx calls them one by one to know which plugin produced each result; wrappers have nothing to wrap here, so a
+    wrapper implementation is refused when the plugin registers (see ``_check_hook_names``)."""
+    return list(reversed(hook.get_hookimpls()))
 
 
 def choose_one_of(name: str, valid: Iterable[str]) -> str:
@@ -231,7 +240,11 @@ def choose_one_of(name: str, valid: Iterable[str]) -> str:
 
 
 def _check_hook_names(plugin: Any, name: str) -> None:
-    """A function named like a hook that is not one is a typo that would be silently ignored: refuse it."""
+    """A function named like a hook that is not one is a typo that would be silently ignored: refuse it. Hook
+    wrappers are refused too: rpx calls implementations one by one, so there is no call for them to wrap."""
     for attribute in dir(plugin):
+        options = getattr(getattr(plugin, attribute, None), f"{hookspecs.PROJECT}_impl", None)
+        if options and (options.get("wrapper") or options.get("hookwrapper")):
+            raise PluginError(f"plugin {name!r}: {attribute!r} is a hook wrapper, which rpx does not support")
         if attribute.startswith("rpx_") and attribute not in HOOK_NAMES and callable(getattr(plugin, attribute)):
             raise PluginError(f"plugin {name!r}: {attribute!r} is not an rpx hook{did_you_mean(attribute, HOOK_NAMES)}")

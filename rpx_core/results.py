@@ -15,7 +15,7 @@ from typing import Any, Literal
 import attrs
 import tomllib
 
-from rpx_core.convert import converter
+from rpx_core.convert import converter, describe_errors
 from rpx_core.errors import RpxError
 
 SCHEMA_VERSION = 1
@@ -153,6 +153,22 @@ converter.register_unstructure_hook_func(
 )
 
 
+def check_result(stage: str, result: Any) -> None:
+    """Refuse a result that is not the stage's result type or that TOML and JSON cannot hold, so one bad plugin
+    result fails its own stage instead of the whole run (and the file that holds everything else)."""
+    kind = result_type(stage)
+    if kind is not None and not isinstance(result, kind):
+        raise TypeError(f"stage {stage!r} must return {kind.__name__}, got {type(result).__name__}")
+    import tomli_w
+
+    data = to_data(result)
+    try:
+        tomli_w.dumps({"result": data})
+        json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"the result of stage {stage!r} cannot be written to TOML and JSON: {exc}") from None
+
+
 def to_data(obj: Any) -> Any:
     """Unstructure any result object to plain TOML/JSON-able data (None values dropped)."""
     return converter.unstructure(obj)
@@ -181,12 +197,19 @@ def format_for(path: Path) -> Literal["toml", "json"]:
     return "json" if path.suffix.lower() == ".json" else "toml"
 
 
-def loads(text: str, fmt: Literal["toml", "json"] = "toml") -> RunResult:
-    data = json.loads(text) if fmt == "json" else tomllib.loads(text)
-    version = data.get("schema_version")
+def loads(text: str, fmt: Literal["toml", "json"] = "toml", *, where: str = "<results>") -> RunResult:
+    try:
+        data = json.loads(text) if fmt == "json" else tomllib.loads(text)
+    except ValueError as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
+        raise RpxError(f"{where}: not a valid {fmt.upper()} results file: {exc}") from None
+    version = data.get("schema_version") if isinstance(data, dict) else None
     if version != SCHEMA_VERSION:
-        raise RpxError(f"results schema_version {version!r} is not supported by this rpx (reads {SCHEMA_VERSION})")
-    return converter.structure(data, RunResult)
+        raise RpxError(f"{where}: results schema_version {version!r} is not supported by this rpx (reads {SCHEMA_VERSION})")
+    try:
+        return converter.structure(data, RunResult)
+    except Exception as exc:
+        lines = describe_errors(exc)
+        raise RpxError(f"{where}: not an rpx results file: {lines[0]}" + (f" (+{len(lines) - 1} more)" if len(lines) > 1 else "")) from None
 
 
 def load(path: str | Path) -> RunResult:
@@ -196,4 +219,6 @@ def load(path: str | Path) -> RunResult:
         text = path.read_text()
     except FileNotFoundError:
         raise RpxError(f"{path}: no such results file") from None
-    return loads(text, format_for(path))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RpxError(f"{path}: cannot read the results file: {exc}") from None
+    return loads(text, format_for(path), where=str(path))

@@ -98,10 +98,15 @@ class Spec:
     def output_path(self) -> Path:
         return Path(self.output.format(name=self.name))
 
+    def to_data(self) -> dict[str, Any]:
+        """The spec as plain data, as rpx understood it (defaults filled in), without where it was read from."""
+        data = converter.unstructure(self)
+        del data["base_dir"]
+        return data
+
     def digest(self) -> str:
-        """A stable hash of the spec's content, recorded with every result."""
-        data = converter.unstructure(attrs.evolve(self, base_dir="."))
-        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        """A stable hash of the spec's content (independent of its location), recorded with every result."""
+        return hashlib.sha256(json.dumps(self.to_data(), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def load_spec(path: str | Path) -> Spec:
@@ -111,6 +116,8 @@ def load_spec(path: str | Path) -> Spec:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise SpecError(f"{path}: no such spec file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: cannot read the spec: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML: {exc}") from None
     return spec_from_dict(data, where=str(path), base_dir=str(path.parent), default_name=path.stem)

@@ -1,7 +1,7 @@
 """Stage registration objects and dependency resolution.
 
-A stage is declared by data (name, what it needs, its options class, which result field it fills), so the engine can
-order stages, pull in dependencies and skip dependants of a failure without knowing what any stage does.
+A stage is declared by data (name, what it needs, its options class, its scope), so the engine can order stages,
+pull in dependencies and skip dependants of a failure without knowing what any stage does.
 """
 
 from __future__ import annotations

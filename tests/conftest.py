@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,10 +16,13 @@ EXAMPLE_PLUGIN = REPO / "examples" / "rpx-example-plugin"
 
 
 def pip_install_target(source: Path, target: Path) -> Path:
-    """Really install a plugin distribution (metadata, entry points and all) into ``target``, offline."""
+    """Really install a plugin distribution (metadata, entry points and all) into ``target``, offline. The source is
+    copied first, so the build's leftovers (build/, *.egg-info) never land in the repository."""
+    copy = target.with_name(target.name + "-src")
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(target), str(source)],
+         "--target", str(target), str(copy)],
         check=True,
         capture_output=True,
         text=True,

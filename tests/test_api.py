@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
 import torch
 
 import rpx_core as rpx
-from rpx_core import hookspecs
+from rpx_core import __version__, hookspecs
 from rpx_core.errors import RpxError
 from rpx_core.plugins import HOOK_NAMES, Plugins
 from tests.conftest import rpx_cli
@@ -116,7 +117,7 @@ def test_user_gpu_pack_from_the_spec_and_from_the_environment(tmp_path, write_sp
 def test_user_pack_clashing_with_the_reference_pack_needs_a_choice(tmp_path, write_spec):
     (tmp_path / "mine.toml").write_text(PACK.format(name="H100-SXM"))
     clash = roofline_spec('gpu_packs = ["mine.toml"]').replace("My-GPU", "H100-SXM")
-    with pytest.raises(RpxError, match=r"GPU 'H100-SXM' is defined by pack reference \(rpx 0.1.0\) and pack mine"):
+    with pytest.raises(RpxError, match=rf"GPU 'H100-SXM' is defined by pack reference \(rpx {re.escape(__version__)}\) and pack mine"):
         rpx.run(write_spec(clash), output=None)
     chosen = roofline_spec('gpu_packs = ["mine.toml"]\nchoose = { gpus = { "H100-SXM" = "mine" } }').replace("My-GPU", "H100-SXM")
     run = rpx.run(write_spec(chosen, "chosen.toml"), output=None)

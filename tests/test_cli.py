@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from rpx_core import __version__
 from tests.conftest import rpx_cli
 
 NO_TORCH = """
@@ -31,7 +32,7 @@ def test_fast_commands_do_not_import_heavy_libraries(args):
 
 def test_version():
     done = rpx_cli("--version")
-    assert done.returncode == 0 and done.stdout.strip() == "rpx 0.1.0"
+    assert done.returncode == 0 and done.stdout.strip() == f"rpx {__version__}"
 
 
 def test_missing_spec_is_one_line_exit_2(tmp_path):

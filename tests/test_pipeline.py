@@ -96,7 +96,39 @@ def test_results_already_measured_survive_an_interrupt(plugins, tmp_path):
     finally:
         plugins.unregister("interrupter")
     saved = load(output).model("first")
-    assert saved.stages["a"].status == "ok" and saved.finished is not None
+    assert saved.stages["a"].status == "ok"  # measured before the interrupt: kept
+    assert saved.stages["stop"].status == "failed" and saved.stages["stop"].error == "interrupted"
+    assert saved.finished is None  # the model did not finish
+
+
+def test_a_result_that_cannot_be_written_fails_its_stage_only(plugins, tmp_path):
+    bad = types.SimpleNamespace(rpx_register_stages=hookimpl(lambda: [
+        StageDef("nulls", run=lambda ctx: {"value": None}),
+        StageDef("wrong_type", run=lambda ctx: {"total": 1}),
+    ]))
+    plugins.register(bad, "bad")
+    wrong = types.SimpleNamespace(rpx_count_params=hookimpl(lambda ctx: {"total": 1}))
+    plugins.register(wrong, "wrong")
+    try:
+        run = run_spec(spec_from_dict(two_models(["nulls", "count_params", "d"])), plugins=plugins, output=tmp_path / "o.toml")
+    finally:
+        plugins.unregister("bad")
+        plugins.unregister("wrong")
+    for model in run.models:
+        assert model.stages["nulls"].status == "failed"
+        assert "cannot be written to TOML and JSON" in model.stages["nulls"].error
+        assert model.stages["count_params"].error == "TypeError: stage 'count_params' must return ParamsResult, got dict"
+        assert model.stages["d"].status == "ok"
+    assert load(tmp_path / "o.toml").model("second").stages["d"].status == "ok"
+
+
+def test_hook_wrappers_are_refused(plugins):
+    def wrapper(ctx):
+        yield
+
+    plugin = types.SimpleNamespace(rpx_count_flops=hookimpl(wrapper=True)(wrapper))
+    with pytest.raises(Exception, match="'rpx_count_flops' is a hook wrapper, which rpx does not support"):
+        plugins.register(plugin, "wrapping")
 
 
 def test_unknown_option_for_a_stage_is_rejected(plugins):

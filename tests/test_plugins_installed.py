@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from rpx_core import __version__
 from rpx_core.api import run_spec
 from rpx_core.errors import PluginError, SpecError
 from rpx_core.plugins import PluginLoadWarning, Plugins
@@ -54,6 +55,10 @@ def test_stage_override_applies_to_its_backend_only_and_new_stage_runs(with_exam
     assert own.result("count_params").total == builtin.result("count_params").total == 16 * 8 + 8
     assert own.result("weights_report") == {"unit": "MB", "weights": 136 * 4 / 1e6, "precision": "fp32"}
     assert own.stages["weights_report"].provided_by == "example"
+    bf16 = {**spec, "precision": "bf16", "stages": ["count_params"]}
+    for backend in ("cpu-1thread", "cpu"):
+        params = run_spec(spec_from_dict({**bf16, "backend": backend}), plugins=plugins, output=None).model("lin")
+        assert params.result("count_params").bytes_at_precision == 136 * 2  # bf16: 2 bytes per parameter
 
 
 def test_plugin_stage_options_are_validated(with_example):
@@ -122,7 +127,7 @@ def test_backend_name_clash_names_both_providers_unless_the_spec_chooses(tmp_pat
         run_spec(spec_from_dict(spec), plugins=plugins, output=None)
     message = str(info.value)
     assert "backend 'cpu' is registered by plugin" in message
-    assert "plugin 'cpu' (rpx 0.1.0)" in message and "plugin 'clash' (rpx-clash 1.2.3)" in message
+    assert f"plugin 'cpu' (rpx {__version__})" in message and "plugin 'clash' (rpx-clash 1.2.3)" in message
     chosen = run_spec(spec_from_dict({**spec, "choose": {"backends": {"cpu": "clash"}}}), plugins=plugins, output=None)
     assert chosen.model("lin").ok
 

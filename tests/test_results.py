@@ -31,6 +31,8 @@ records = st.builds(
     status=st.sampled_from(["ok", "failed", "skipped"]),
     seconds=st.one_of(st.none(), finite),
     error=st.one_of(st.none(), st.text(max_size=30)),
+    traceback=st.one_of(st.none(), st.text(max_size=60)),
+    provided_by=st.one_of(st.none(), names),
     result=st.one_of(st.none(), payloads),
 )
 models = st.builds(

@@ -46,19 +46,25 @@ def rpx_count_params(ctx: Any) -> Any:
     """Count parameters by walking ``named_parameters`` directly: an independent implementation for our backend."""
     if ctx.backend.name != OneThreadCpuBackend.name:
         return None
+    from rpx_core.precision import BYTES_PER_ELEMENT
     from rpx_core.tier1 import ParamsResult
 
     model = ctx.build_model()
-    params = dict(model.named_parameters())  # named_parameters() already yields a shared weight once
-    buffers = dict(model.named_buffers())
-    trainable = sum(p.numel() for p in params.values() if p.requires_grad)
-    total = sum(p.numel() for p in params.values())
+    params = list(model.parameters())  # parameters() yields a Parameter object shared by two modules once
+    buffers = list(model.buffers())
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    total = sum(p.numel() for p in params)
+    floating_size = BYTES_PER_ELEMENT[ctx.job.precision]  # floating tensors take the precision's size
+
+    def size(tensor: Any) -> int:
+        return tensor.numel() * (floating_size if tensor.is_floating_point() else tensor.element_size())
+
     return ParamsResult(
         total=total,
         trainable=trainable,
         non_trainable=total - trainable,
-        buffers=sum(b.numel() for b in buffers.values()),
-        bytes_at_precision=sum(t.numel() * t.element_size() for t in [*params.values(), *buffers.values()]),
+        buffers=sum(b.numel() for b in buffers),
+        bytes_at_precision=sum(size(t) for t in [*params, *buffers]),
         precision=ctx.job.precision,
     )
 
