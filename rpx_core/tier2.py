@@ -1,7 +1,10 @@
-"""Tier 2 results: roofline lower bounds on one forward pass's time, per GPU and precision.
+"""Tier 2 results: roofline lower bounds on the counted pass's time (forward, or forward + backward when counted so),
+per GPU and precision.
 
-Conventions: FLOPs = 2 x MACs (int8: integer ops); traffic in bytes of DRAM reads + writes; peaks are the pack's dense
-figures for the stated precision, never another precision's; bandwidth in GB/s with 1 GB = 1e9 bytes; times in ms.
+Conventions: FLOPs = 2 x MACs (int8: integer ops), matrix and other FLOPs alike divided by the precision's peak;
+traffic in bytes of DRAM reads + writes; peaks are the pack's dense figures for the stated precision, never another
+precision's; bandwidth in GB/s with 1 GB = 1e9 bytes; times in ms; "fits" compares every weight (count_params, at the
+run's precision) plus the peak of live activations with the GPU's nominal memory.
 
 Three bounds, from most optimistic to most pessimistic (a max of sums never exceeds a sum of maxes):
 
@@ -49,7 +52,7 @@ class GPURoofline:
     bound_ms_unfused: float  # max(compute_ms, memory_ms_unfused): bound (2)
     bottleneck_fused: str  # "compute" or "memory" for bound (1) (ties count as compute)
     bottleneck_unfused: str  # "compute" or "memory" for bound (2)
-    required_bytes: int  # parameter bytes + peak activation bytes
+    required_bytes: int  # every parameter and buffer at the run's precision + peak activation bytes
     capacity_bytes: int  # the GPU's nominal memory, memory_gb x 1e9
     fits_in_memory: bool  # required_bytes <= capacity_bytes
     source: str  # where the GPU's figures come from

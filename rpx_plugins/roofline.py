@@ -23,16 +23,16 @@ def precisions_to_bound(ctx: StageContext) -> tuple[str, ...]:
     for precision in requested:
         if BYTES_PER_ELEMENT.get(precision) != BYTES_PER_ELEMENT[counted]:
             raise UnsupportedError(
-                f"roofline at {precision!r} needs Tier 1 counted at that precision (bytes were counted at {counted!r}); "
-                f"run a spec with precision = {precision!r}"
+                f"roofline at {precision!r} needs Tier 1 bytes counted at {BYTES_PER_ELEMENT[precision]}-byte elements, "
+                f"but they were counted at {counted!r}; bound it from a spec whose precision is {precision!r} "
+                "(fp8/int8 cannot be counted by the torch backends yet: see the README's known gaps)"
             )
     return tuple(requested)
 
 
 @hookimpl(trylast=True)
 def rpx_roofline(ctx: StageContext) -> RooflineResult:
-    flops = ctx.results["count_flops"]
-    traffic = ctx.results["estimate_traffic"]
+    params, flops, traffic = (ctx.results[name] for name in ("count_params", "count_flops", "estimate_traffic"))
     gpus = list(ctx.gpu_catalog.all() if "all" in ctx.job.gpus else [ctx.gpu_catalog.get(name) for name in ctx.job.gpus])
     local = local_gpu(ctx)
     if local is not None and local not in gpus:
@@ -43,7 +43,7 @@ def rpx_roofline(ctx: StageContext) -> RooflineResult:
         flops=flops.total_flops,
         bytes_fused=traffic.fused_bytes,
         bytes_unfused=traffic.unfused_bytes,
-        param_bytes=traffic.weight_bytes,
+        param_bytes=params.bytes_at_precision,  # every weight is resident, read or not
         peak_activation_bytes=traffic.activation_peak_bytes,
         records=traffic.op_records,
     )

@@ -42,10 +42,12 @@ class OpRecordLike(Protocol):
 class Workload:
     """One model's Tier 1 figures the roofline needs."""
 
-    flops: float = attrs.field(validator=_non_negative)  # whole forward pass, FLOPs = 2 x MACs
+    #: FLOPs of the counted pass (matrix + other; forward, or forward + backward when counted so), FLOPs = 2 x MACs.
+    #: All of them are divided by the precision's (tensor-core) peak: optimistic for the non-matrix part.
+    flops: float = attrs.field(validator=_non_negative)
     bytes_fused: float = attrs.field(validator=_non_negative)  # traffic lower bound: weights, inputs, outputs once
     bytes_unfused: float = attrs.field(validator=_non_negative)  # upper bound: every op reads inputs, writes outputs
-    param_bytes: int = attrs.field(validator=_non_negative)  # weights at the run's precision
+    param_bytes: int = attrs.field(validator=_non_negative)  # every weight and buffer at the run's precision (resident)
     peak_activation_bytes: int = attrs.field(validator=_non_negative)  # peak of live activation bytes
     #: Per-operator records (one call's figures x count); None leaves the per-operator bound out.
     records: tuple[OpRecordLike, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(tuple))
