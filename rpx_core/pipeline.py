@@ -91,7 +91,9 @@ def run_plan(
         contexts.append(ctx)
     for name in plan.run_stages:
         run_ctx = RunContext(contexts, plan.options.get(name), backend, plugins, catalog)
-        record = run_stage(registry[name], run_ctx, failed_needs=[])
+        every_model = [record for model in results.run.models for record in model.stages.items()]
+        failed = sorted({need for need, record in every_model if need in registry[name].needs and record.status != "ok"})
+        record = run_stage(registry[name], run_ctx, failed)
         results.update(run_stages={**results.run.run_stages, name: record})
         if listener:
             listener("<run>", name, record)

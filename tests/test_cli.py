@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -47,3 +48,42 @@ def test_plugins_lists_builtins_with_their_hooks():
     lines = {line.split()[0]: line for line in done.stdout.splitlines()}
     assert "register_backends" in lines["cpu"] and "built-in" in lines["cpu"]
     assert "system_card" in lines["system-card"]
+
+
+SPEC = """
+stages = ["count_params"]
+[[models]]
+name = "lin"
+source = "torch.nn:Linear"
+kwargs = { in_features = 4, out_features = 2 }
+inputs = [{ shape = [1, 4] }]
+"""
+
+
+def test_format_json_is_written_exactly_where_o_says(write_spec, tmp_path):
+    done = rpx_cli("run", str(write_spec(SPEC)), "-o", str(tmp_path / "res.toml"), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "res.toml").read_text())["models"][0]["stages"]["count_params"]["status"] == "ok"
+    assert not (tmp_path / "res.json").exists()
+
+
+def test_unwritable_output_is_one_line_before_anything_runs(write_spec, tmp_path):
+    (tmp_path / "afile").write_text("")
+    done = rpx_cli("run", str(write_spec(SPEC)), "-o", str(tmp_path / "afile" / "x.toml"))
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith(f"rpx: error: cannot write results to {tmp_path / 'afile' / 'x.toml'}")
+    assert "count_params" not in done.stderr  # failed before the first stage
+
+
+def test_bad_output_template_is_a_spec_error(write_spec):
+    done = rpx_cli("validate", str(write_spec('output = "{nam}.toml"\n' + SPEC)))
+    assert done.returncode == 2 and "output: '{nam}.toml' is not a valid template" in done.stderr
+
+
+def test_corrupt_results_file_is_one_line(tmp_path):
+    import rpx_core as rpx
+    from rpx_core.errors import RpxError
+
+    (tmp_path / "r.toml").write_text("schema_version = 1\nmodels = 3\n")
+    with pytest.raises(RpxError, match=r"r.toml: not an rpx results file"):
+        rpx.load_results(tmp_path / "r.toml")

@@ -135,3 +135,20 @@ def test_unknown_option_for_a_stage_is_rejected(plugins):
     spec = spec_from_dict({**two_models(["a"]), "options": {"a": {"x": 1}}}, where="s.toml")
     with pytest.raises(SpecError, match="options.a: stage 'a' takes no options"):
         run_spec(spec, plugins=plugins, output=None)
+
+
+def test_run_scoped_stage_is_skipped_when_a_model_failed_what_it_needs(plugins):
+    ran = []
+    agg = types.SimpleNamespace(rpx_register_stages=hookimpl(lambda: [
+        StageDef("agg", run=lambda ctx: ran.append(len(ctx.models)) or {"n": len(ctx.models)}, needs=("b",), scope="run"),
+        StageDef("early", run=lambda ctx: {}, needs=("agg",)),
+    ]))
+    plugins.register(agg, "agg")
+    try:
+        run = run_spec(spec_from_dict(two_models(["agg"])), plugins=plugins, output=None)
+        assert run.run_stages["agg"].status == "skipped" and "needs b" in run.run_stages["agg"].error
+        assert ran == []
+        with pytest.raises(SpecError, match="per-model stage 'early' needs run-scoped stage 'agg'"):
+            run_spec(spec_from_dict(two_models(["early"])), plugins=plugins, output=None)
+    finally:
+        plugins.unregister("agg")
