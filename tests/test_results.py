@@ -102,3 +102,13 @@ def test_real_stage_results_round_trip_through_toml_and_json(tmp_path):
     assert run.ok, {name: record.error for name, record in run.model("cnn").stages.items()}
     assert load(tmp_path / "r.toml") == run
     assert load(write(run, tmp_path / "r.json")) == run
+    # the flat summary is derived from these real result types by its documented definitions
+    cnn = run.model("cnn")
+    flops, traffic = cnn.result("count_flops"), cnn.result("estimate_traffic")
+    summary = cnn.summary
+    assert summary["params_m"] == cnn.result("count_params").total / 1e6
+    assert summary["flops_g"] == flops.total_flops / 1e9 and summary["macs_g"] == flops.macs / 1e9
+    assert summary["memory_traffic_gb"] == traffic.unfused_bytes / 1e9
+    assert summary["arithmetic_intensity"] == pytest.approx(flops.total_flops / traffic.unfused_bytes)
+    assert summary["roofline_l4_fp32_ms"] == cnn.result("roofline").gpus["L4"]["fp32"].bound_ms_fused
+    assert summary["latency_p50_ms"] == cnn.result("measure_latency").p50_ms
