@@ -157,24 +157,27 @@ class Plugins:
     # -- registrations -------------------------------------------------------------------------------------------------
 
     def _collect(self, hook: str, key: Callable[[T], str], kind: str, chosen: dict[str, str]) -> dict[str, tuple[T, str]]:
-        """Call a registration hook plugin by plugin; return name -> (object, plugin name), refusing unresolved clashes."""
-        found: dict[str, tuple[T, str]] = {}
+        """Call a registration hook plugin by plugin; return name -> (object, plugin name). A name registered more
+        than once needs the spec's ``choose`` to pick a provider; a choice naming a plugin that does not register
+        that name is refused too."""
+        candidates: dict[str, list[tuple[T, str]]] = {}
         for impl in _implementations(getattr(self._pm.hook, hook)):
             for item in impl.function() or ():
-                name = key(item)
-                if name in found and found[name][1] != impl.plugin_name:
-                    first = found[name][1]
-                    pick = chosen.get(name)
-                    if pick == impl.plugin_name:
-                        found[name] = (item, impl.plugin_name)
-                    elif pick != first:
-                        raise PluginError(
-                            f"{kind} {name!r} is registered by {self._provider(first)} and by "
-                            f"{self._provider(impl.plugin_name)}; choose one in the spec, e.g. "
-                            f'choose = {{ {kind}s = {{ "{name}" = "{first}" }} }}'
-                        )
-                    continue
-                found[name] = (item, impl.plugin_name)
+                candidates.setdefault(key(item), []).append((item, impl.plugin_name))
+        for name, pick in chosen.items():
+            providers = [plugin for _, plugin in candidates.get(name, [])]
+            if pick not in providers:
+                raise PluginError(f"choose.{kind}s: {name!r} = {pick!r}, but {kind} {name!r} is registered by "
+                                  f"{', '.join(map(repr, providers)) or 'no plugin'}")
+        found: dict[str, tuple[T, str]] = {}
+        for name, options in candidates.items():
+            if len(options) > 1 and name not in chosen:
+                (_, first), (_, second) = options[:2]
+                raise PluginError(
+                    f"{kind} {name!r} is registered by {self._provider(first)} and by {self._provider(second)}; "
+                    f'choose one in the spec, e.g. choose = {{ {kind}s = {{ "{name}" = "{first}" }} }}'
+                )
+            found[name] = next(option for option in options if option[1] == chosen.get(name, option[1]))
         return found
 
     def backends(self, choose: Choices | None = None) -> dict[str, Backend]:

@@ -135,3 +135,9 @@ def test_backend_name_clash_names_both_providers_unless_the_spec_chooses(tmp_pat
 def test_unknown_plugin_to_disable_is_a_warning():
     with pytest.warns(PluginLoadWarning, match="cannot disable unknown plugin"):
         Plugins.load(["no-such-plugin"])
+
+
+def test_a_choice_must_name_a_plugin_that_registers_the_name():
+    spec = spec_from_dict({"models": [MODEL], "stages": ["count_params"], "choose": {"backends": {"cpu": "nobody"}}})
+    with pytest.raises(PluginError, match="choose.backends: 'cpu' = 'nobody', but backend 'cpu' is registered by 'cpu'"):
+        run_spec(spec, plugins=Plugins.load(), output=None)
