@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 import attrs
-import tomllib
 
 from rpx_core.convert import converter, structure
 from rpx_core.errors import SpecError
@@ -61,6 +61,17 @@ class ModelSpec:
     input_factory: str | None = None
     #: Build the model only on the meta device: for models too large to materialise. Measured stages then fail clearly.
     meta_only: bool = False
+    def batch_size(self, override: int | None = None) -> int | None:
+        """The batch size inputs are made at: ``override`` when some input has a batch dimension, 1 for an
+        input_factory (asked for 1 by default), else the batch dimension of the first input that has one, as
+        written; None when no input has a batch dimension."""
+        if self.input_factory:
+            return override or 1
+        for spec_input in self.inputs:
+            if spec_input.batch_dim is not None:
+                return override or spec_input.shape[spec_input.batch_dim]
+        return None
+
     #: Items this stage emits per input frame (a detector's detections); used by batch_search to compare in frames.
     fan_out: float = 1.0
 

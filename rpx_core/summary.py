@@ -17,7 +17,7 @@ Definitions (rpx's, which replace the seed's rough ones):
 * ``roofline_<gpu>_<precision>_ms``: the headline roofline bound (whole model, fused traffic) for that GPU and
   precision; ``bottleneck_<gpu>_<precision>`` names what limits it.
 * ``fraction_of_roofline``: bound / measured p50 on the GPU the job ran on (1.0 = at the roofline), only when that
-  GPU is in a pack and one precision was bounded.
+  GPU is in a pack, one precision was bounded and Tier 1 counted batch 1 (latency is always measured at batch 1).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def seed_fields(records: Mapping[str, Any]) -> dict[str, float | str]:
                 fields[f"bottleneck_{key}"] = bound.bottleneck_fused
     if latency is not None:
         fields.update(_latency_fields(latency))
-        if roofline is not None and roofline.local_gpu:
-            fields.update(_measured_vs_bound(latency, roofline))
+        if roofline is not None and roofline.local_gpu and flops is not None and flops.counted_batch_size == 1:
+            fields.update(_measured_vs_bound(latency, roofline))  # latency is per call at batch 1: compare like with like
     return fields
 
 

@@ -14,6 +14,9 @@ Plain attrs classes without torch, so the CLI can load, convert and print them w
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
 import attrs
 
 #: The ``module`` of ops that ran outside every submodule, in the top-level model's own forward.
@@ -85,6 +88,12 @@ class FlopsResult:
     counted_on: str  # device type of the counted tensors: "cpu", "meta", "cuda", ...
     module_depth: int  # module paths deeper than this many components are folded into their ancestor
     top_k: int | None = None  # by_operator/by_module keep this many largest entries, the rest summed in "(others)"
+    #: The counted pass's input tensors, positional then keyword ("name=..."), e.g. ("int64[1,2048]",); () if unknown.
+    counted_inputs: tuple[str, ...] = ()
+    #: Batch size of the counted pass (the spec's batch dimension); None when no input has a batch dimension.
+    counted_batch_size: int | None = None
+    #: Why the pass was not counted where asked ("could not count on meta: <error>; counted on cpu"); None if it was.
+    fallback_reason: str | None = None
 
 
 @attrs.frozen
@@ -97,8 +106,8 @@ class TrafficResult:
     unfused_written_bytes: int  # part of unfused_bytes: writes
     fused_bytes: int  # lower bound: weight_bytes + input_bytes + output_bytes (+ weight gradients if backward)
     weight_bytes: int  # parameters/buffers the pass read, each storage once (shared/tied weights once)
-    input_bytes: int  # model input tensors, each storage once
-    output_bytes: int  # model output tensors, each storage once
+    input_bytes: int  # model input tensors, each storage once, less storages already counted as weights
+    output_bytes: int  # model output tensors, each storage once, less storages already counted as inputs or weights
     activation_peak_bytes: int  # peak of live activation storage bytes during the forward pass (see assumptions)
     activation_peak_bytes_fp16: int  # the same peak if every floating-point activation were 2 bytes per element
     assumptions: tuple[str, ...]  # conventions behind these figures, in words
@@ -132,3 +141,23 @@ class CountOptions:
     batch_size: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
     top_k: int = attrs.field(default=20, validator=attrs.validators.ge(1))  # operators/modules listed; the rest folded
     module_depth: int = attrs.field(default=3, validator=attrs.validators.ge(1))  # deeper module paths fold into ancestors
+
+
+T = TypeVar("T")
+
+
+def fold_largest(
+    entries: Mapping[str, T],
+    top_k: int | None,
+    key: Callable[[T], Any],
+    merge: Callable[[list[T]], T],
+    others_name: str = OTHERS,
+) -> dict[str, T]:
+    """The ``top_k`` entries with the largest ``key`` (ties: earlier first), in their given order, and the rest merged
+    into one ``others_name`` entry, so a breakdown can be short while its sums stay exact. None keeps every entry."""
+    if top_k is None or len(entries) <= top_k:
+        return dict(entries)
+    keep = set(sorted(entries, key=lambda name: key(entries[name]), reverse=True)[:top_k])
+    kept = {name: value for name, value in entries.items() if name in keep}
+    kept[others_name] = merge([value for name, value in entries.items() if name not in keep])
+    return kept

@@ -33,9 +33,13 @@ EXECUTION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 INPUT_SEED = 0
 #: How ``read_peak_memory`` describes the device allocator's peak (JAX cannot reset it).
 DEVICE_PEAK_RAISED = "device.memory_stats()['peak_bytes_in_use'], raised during the region, so it is the region's peak"
-DEVICE_PEAK_BOUND = (
-    "device.memory_stats()['peak_bytes_in_use'] since process start (JAX cannot reset it; not raised during the "
-    "region): an upper bound on the region's peak"
+DEVICE_PEAK_NOT_RAISED = (
+    "no reading: JAX cannot reset device.memory_stats()['peak_bytes_in_use'] and the region did not exceed the "
+    "earlier peak, so the region's own peak is unknown"
+)
+DEVICE_PEAK_NO_REGION = (
+    "device.memory_stats()['peak_bytes_in_use'] since process start: no region was started (reset_peak_memory not "
+    "called)"
 )
 
 
@@ -134,12 +138,16 @@ def device_name(device: Any) -> str:
 
 
 def device_peak(stats: dict[str, Any] | None, platform: str, peak_at_reset: int | None) -> MemoryPeak:
-    """The region's peak from the XLA allocator's statistics (GPU/TPU); platforms without them say so."""
+    """The region's peak from the XLA allocator's statistics (GPU/TPU), which only a region that raised the
+    process-wide peak can give; otherwise no figure rather than a stale one. Platforms without them say so."""
     if not stats or "peak_bytes_in_use" not in stats:
         return MemoryPeak(method=f"unsupported: jax reports no peak_bytes_in_use for platform {platform!r}")
     peak = int(stats["peak_bytes_in_use"])
-    raised = peak_at_reset is not None and peak > peak_at_reset
-    return MemoryPeak(method=DEVICE_PEAK_RAISED if raised else DEVICE_PEAK_BOUND, peak_bytes=peak)
+    if peak_at_reset is None:
+        return MemoryPeak(method=DEVICE_PEAK_NO_REGION, peak_bytes=peak)
+    if peak > peak_at_reset:
+        return MemoryPeak(method=DEVICE_PEAK_RAISED, peak_bytes=peak)
+    return MemoryPeak(method=DEVICE_PEAK_NOT_RAISED)
 
 
 def make_array(spec_input: InputSpec, batch_size: int | None, precision: str, key: Any) -> Any:
@@ -233,7 +241,7 @@ class JaxBackend(Backend):
 
     def read_peak_memory(self, device: str) -> MemoryPeak:
         """CPU: the process's peak RSS (JAX's host buffers live there; memory_stats() is None on CPU). GPU/TPU: the
-        XLA allocator's peak_bytes_in_use, exact only if the region raised it (see DEVICE_PEAK_*)."""
+        XLA allocator's peak_bytes_in_use if the region raised it, else no figure (see DEVICE_PEAK_*)."""
         target = resolve_device(device)
         if target.platform == "cpu":
             return self._host_peak.read()

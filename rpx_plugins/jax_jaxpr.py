@@ -1,13 +1,15 @@
-"""What a traced JAX program (its jaxpr) says by itself: matrix MACs, bytes each equation moves, activation liveness.
+"""What a traced JAX program (its jaxpr) says by itself: FLOPs, bytes each equation moves, activation liveness.
 
 Pure shape arithmetic over ``jax.make_jaxpr``/``jit(...).trace`` output, nothing compiled or run; the Tier 1 hooks
-(:mod:`rpx_plugins.jax_tier1`) combine it with XLA's cost analysis. Conventions are torch's counter's where the two
-can agree (see :mod:`rpx_plugins.jax_tier1` for the full list):
+(:mod:`rpx_plugins.jax_tier1`) report it. Conventions are the torch counter's (:mod:`rpx_plugins.torch_counter`)
+wherever a JAX primitive corresponds to an aten operator:
 
 * a ``dot_general`` runs output size x contracted size MACs;
 * a ``conv_general_dilated`` runs output size x input features per group x kernel taps MACs, padding taps included; a
-  transposed (input-dilated) one counts input positions instead of output ones. XLA counts only taps that land on
-  real input, so that figure is kept too (``xla_macs``) to split XLA's total honestly;
+  transposed (input-dilated) one counts input positions instead of output ones;
+* every other primitive is costed from the per-element tables below, whatever the dtype (XLA's own count includes
+  type conversions, so it changes with precision); a primitive without an entry is counted in
+  ``JaxprCounts.uncounted``, never as 0;
 * equations inside ``scan`` run ``length`` times; call-like equations (jit, custom_jvp/vjp, checkpoint) once; other
   sub-programs (``while``, ``cond``) run a data-dependent number of times and are refused out loud.
 """
@@ -15,7 +17,7 @@ can agree (see :mod:`rpx_plugins.jax_tier1` for the full list):
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import Any, Callable
 
 import attrs
@@ -31,16 +33,71 @@ CALL_JAXPR = {
     "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "scan": "jaxpr",
 }
 
+#: FLOPs per OUTPUT element of elementwise primitives, as torch's PER_OUTPUT_ELEMENT: arithmetic, comparisons,
+#: selects and each transcendental (exp, log, tanh, erf, rsqrt, ...) 1.
+PER_OUTPUT_ELEMENT: dict[str, int] = {
+    **dict.fromkeys(
+        (
+            "add", "add_any", "sub", "mul", "div", "rem", "neg", "abs", "sign", "max", "min", "clamp", "pow", "square",
+            "sqrt", "rsqrt", "cbrt", "exp", "exp2", "expm1", "log", "log1p", "sin", "cos", "tan", "tanh", "asin",
+            "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erf_inv", "floor",
+            "ceil", "round", "is_finite", "select_n", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor",
+        ),
+        1,
+    ),
+    "logistic": 4,  # sigmoid: negate, exp, add, divide (torch's sigmoid)
+}
+#: FLOPs per INPUT element of reductions and cumulative ops along an axis, as torch's PER_INPUT_ELEMENT.
+PER_INPUT_ELEMENT: dict[str, int] = dict.fromkeys(
+    (
+        "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor", "argmax",
+        "argmin", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp",
+    ),
+    1,
+)
+#: Windowed reductions (pooling): window volume per output element, torch's pooling convention.
+WINDOW_REDUCTIONS = frozenset({"reduce_window_sum", "reduce_window_max", "reduce_window_min"})
+#: Zero FLOPs by definition, bytes still counted: type conversions, reshapes, broadcasts, slicing, concatenation,
+#: transposes, padding, gathers/scatters, copies and fills.
+DATA_MOVEMENT = frozenset(
+    {
+        "convert_element_type", "bitcast_convert_type", "reduce_precision", "reshape", "squeeze", "broadcast_in_dim",
+        "transpose", "rev", "slice", "dynamic_slice", "dynamic_update_slice", "gather", "scatter", "concatenate",
+        "split", "pad", "copy", "iota", "stop_gradient", "sharding_constraint", "device_put", "optimization_barrier",
+    }
+)
+
+
+def other_flops_convention() -> str:
+    """The per-element tables behind ``other_flops``, in words (stored with every result)."""
+    by_cost: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for table, where in ((PER_OUTPUT_ELEMENT, "output"), (PER_INPUT_ELEMENT, "input")):
+        for name, cost in table.items():
+            by_cost[(where, cost)].append(name)
+    lines = [f"{cost} per {where} element: {', '.join(names)}" for (where, cost), names in by_cost.items()]
+    return "; ".join(
+        [
+            *lines,
+            "integer_pow[y]: |y| - 1 multiplies per element, + 1 divide if y < 0 (x**3 costs 2, so jax.nn.gelu's tanh "
+            "form totals 9 per element like torch's gelu formula; torch's generic aten.pow counts 1)",
+            f"{', '.join(sorted(WINDOW_REDUCTIONS))}: window volume per output element",
+            "dot_general, conv_general_dilated: matrix work only (macs), no other FLOPs",
+            f"zero by definition (bytes still counted): {', '.join(sorted(DATA_MOVEMENT))}",
+            "composites cost the sum of their primitives (jax.nn.gelu: 5 per element in erf form, 9 in tanh form); "
+            "the same at every dtype; any other primitive is listed in uncounted_ops, never counted as 0",
+        ]
+    )
+
 
 @attrs.frozen
-class MatrixCall:
-    """One kind of matrix equation: the figures are for one execution."""
+class EqnCall:
+    """One kind of equation (primitive, scope, operand shapes): the figures are for one execution."""
 
     op: str
     module: str
     inputs: str  # e.g. "float32[8,64], float32[64,32]"
-    macs: int  # rpx's convention (see module docstring)
-    xla_macs: int  # what XLA's cost analysis counts for it (padding taps skipped)
+    macs: int  # matrix work (see module docstring); 0 for other primitives
+    other_flops: int  # from the per-element tables; 0 for data movement and for primitives without an entry
     bytes_read: int
     bytes_written: int
 
@@ -49,12 +106,11 @@ class MatrixCall:
 class JaxprCounts:
     """What a walk over the jaxpr found, every figure already multiplied by how often its equation runs."""
 
-    executions: Counter = attrs.Factory(Counter)  # MatrixCall -> times it runs
-    occurrences: Counter = attrs.Factory(Counter)  # MatrixCall -> equations in the program (what XLA counts)
+    executions: Counter = attrs.Factory(Counter)  # EqnCall -> times it runs (equations that move bytes)
+    uncounted: Counter = attrs.Factory(Counter)  # primitive without a FLOP entry -> times it runs
     weight_read_bytes: int = 0
     activation_read_bytes: int = 0
     written_bytes: int = 0
-    scan_repeats: int = 0  # body executions beyond the one XLA counts, over every scan
 
 
 def nbytes(aval: Any) -> int:
@@ -72,38 +128,46 @@ def dot_macs(eqn: Any) -> int:
     return int(eqn.outvars[0].aval.size) * math.prod(lhs.shape[d] for d in lhs_contract)
 
 
-def valid_taps(
-    size: int, kernel: int, outputs: int, stride: int, pad_low: int, lhs_dilation: int, rhs_dilation: int
-) -> int:
-    """(output, kernel tap) pairs of one spatial dimension that land on a real input element (XLA counts only these)."""
-    span = (size - 1) * lhs_dilation + 1
-    return sum(
-        1
-        for o in range(outputs)
-        for k in range(kernel)
-        if 0 <= (i := o * stride - pad_low + k * rhs_dilation) < span and i % lhs_dilation == 0
-    )
-
-
-def conv_macs(eqn: Any) -> tuple[int, int]:
-    """(rpx MACs, XLA's MACs) of a convolution; see the module docstring."""
-    p = eqn.params
+def conv_macs(eqn: Any) -> int:
+    """MACs of a convolution, every kernel tap counted (padding included); see the module docstring."""
     lhs, rhs, out = eqn.invars[0].aval, eqn.invars[1].aval, eqn.outvars[0].aval
-    lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
+    lhs_spec, rhs_spec, out_spec = eqn.params["dimension_numbers"]
     per_output = rhs.shape[rhs_spec[1]]  # input features per group
-    kernel = [rhs.shape[d] for d in rhs_spec[2:]]
-    out_spatial = [out.shape[d] for d in out_spec[2:]]
-    non_spatial = int(out.size) // math.prod(out_spatial)  # batch x output features
-    transposed = any(d > 1 for d in p["lhs_dilation"])
-    positions = [lhs.shape[d] for d in lhs_spec[2:]] if transposed else out_spatial
-    macs = non_spatial * math.prod(positions) * per_output * math.prod(kernel)
-    taps = [
-        valid_taps(lhs.shape[ld], k, o, s, low, dil_l, dil_r)
-        for ld, k, o, s, (low, _), dil_l, dil_r in zip(
-            lhs_spec[2:], kernel, out_spatial, p["window_strides"], p["padding"], p["lhs_dilation"], p["rhs_dilation"]
-        )
-    ]
-    return macs, non_spatial * per_output * math.prod(taps)
+    kernel = math.prod(rhs.shape[d] for d in rhs_spec[2:])
+    out_spatial = math.prod(out.shape[d] for d in out_spec[2:])
+    non_spatial = int(out.size) // out_spatial  # batch x output features
+    transposed = any(d > 1 for d in eqn.params["lhs_dilation"])
+    positions = math.prod(lhs.shape[d] for d in lhs_spec[2:]) if transposed else out_spatial
+    return non_spatial * positions * per_output * kernel
+
+
+def matrix_macs(eqn: Any) -> int:
+    name = eqn.primitive.name
+    if name == "dot_general":
+        return dot_macs(eqn)
+    return conv_macs(eqn) if name == "conv_general_dilated" else 0
+
+
+def cost_per_output(eqn: Any) -> int | None:
+    """FLOPs per output element of a primitive costed by its output; None for a primitive without an entry."""
+    name = eqn.primitive.name
+    if name == "integer_pow":
+        y = eqn.params["y"]
+        return max(abs(y) - 1, 0) + int(y < 0)
+    if name in WINDOW_REDUCTIONS:
+        return math.prod(eqn.params["window_dimensions"])
+    return PER_OUTPUT_ELEMENT.get(name)
+
+
+def other_flops(eqn: Any) -> int | None:
+    """Non-matrix FLOPs of one execution of ``eqn`` from the tables above; None for a primitive without an entry."""
+    name = eqn.primitive.name
+    if name in MATRIX_PRIMITIVES or name in DATA_MOVEMENT:
+        return 0
+    if name in PER_INPUT_ELEMENT:
+        return PER_INPUT_ELEMENT[name] * int(eqn.invars[0].aval.size)
+    cost = cost_per_output(eqn)
+    return None if cost is None else cost * int(eqn.outvars[0].aval.size)
 
 
 def called(eqn: Any) -> tuple[Any, int] | None:
@@ -129,14 +193,11 @@ def walk(jaxpr: Any, weights: set[Any], counts: JaxprCounts, times: int = 1, sco
     from jax.extend.core import Var
 
     for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
         path = "/".join(part for part in (scope, str(eqn.source_info.name_stack)) if part)
         call = called(eqn)
         if call is not None:
             inner, repeat = call
             inner_weights = {v for v, outer in zip(inner.invars, eqn.invars) if isinstance(outer, Var) and outer in weights}
-            if name == "scan":
-                counts.scan_repeats += times * repeat - 1
             walk(inner, inner_weights | set(inner.constvars), counts, times * repeat, path)
             continue
         operands = [v for v in eqn.invars if isinstance(v, Var)]
@@ -146,12 +207,13 @@ def walk(jaxpr: Any, weights: set[Any], counts: JaxprCounts, times: int = 1, sco
         counts.weight_read_bytes += times * weight_read
         counts.activation_read_bytes += times * (read - weight_read)
         counts.written_bytes += times * written
-        if name in MATRIX_PRIMITIVES:
-            macs, xla_macs = (dot_macs(eqn),) * 2 if name == "dot_general" else conv_macs(eqn)
+        other = other_flops(eqn)
+        if other is None:
+            counts.uncounted[eqn.primitive.name] += times
+        if read + written:
             inputs = ", ".join(shape_text(v.aval) for v in operands)
-            matrix = MatrixCall(name, path or ROOT_MODULE, inputs, macs, xla_macs, read, written)
-            counts.executions[matrix] += times
-            counts.occurrences[matrix] += 1
+            kind = EqnCall(eqn.primitive.name, path or ROOT_MODULE, inputs, matrix_macs(eqn), other or 0, read, written)
+            counts.executions[kind] += times
 
 
 def live_peak(jaxpr: Any, size: Callable[[Any], int]) -> int:

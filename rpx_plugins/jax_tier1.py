@@ -1,4 +1,4 @@
-"""Tier 1 for the ``jax`` backend: parameters from the params pytree, FLOPs and bytes from XLA and the jaxpr.
+"""Tier 1 for the ``jax`` backend: parameters from the params pytree, FLOPs and bytes from the jaxpr.
 
 One trace, lowering and compile per job (cached in ``ctx.cache``) feeds both ``count_flops`` and
 ``estimate_traffic``. Params and inputs are abstract (``jax.ShapeDtypeStruct`` at the precision's dtype, on the
@@ -8,15 +8,17 @@ listed; ``backward`` is refused (forward only), and ``count_on`` changes nothing
 
 Where each figure comes from:
 
-* ``macs`` and ``matrix_flops`` (= 2 x macs): the jaxpr's dot_general/conv_general_dilated equations, from shapes
-  (:mod:`rpx_plugins.jax_jaxpr` states the formulas; scan bodies count once per iteration).
-* ``other_flops``: XLA's compiled cost analysis for the job's platform, ``flops`` + ``transcendentals`` (1 each),
-  minus XLA's own count of the same matrix work (XLA counts a loop body once and skips padding taps). Non-matrix FLOPs
-  of scan iterations after the first are therefore missing, and listed in ``uncounted_ops``.
+* ``macs`` and ``matrix_flops`` (= 2 x macs): the jaxpr's dot_general/conv_general_dilated equations, from shapes.
+* ``other_flops``: every other equation, from the per-element tables of :mod:`rpx_plugins.jax_jaxpr` (the torch
+  counter's conventions where primitives correspond); primitives without an entry are listed in ``uncounted_ops``.
+  Scan bodies count once per iteration. XLA's compiled cost analysis is not used: it counts type conversions (so it
+  changes with precision) and a loop body once; its figures are reported in estimate_traffic's assumptions.
 * Bytes and the activation peak: from the jaxpr, unfused as the fields define them (every equation reads its operands
   and writes its results; values live from their equation to their last use). XLA's post-fusion figures (``bytes
   accessed``, temp + output buffers) are platform-specific and may include compiler copies (on CPU, bf16 weights
   widened to f32 count as temps), so they are reported in the assumptions, not substituted for those fields.
+* ``op_records``: one per kind of equation that moves bytes (primitive, scope, operand shapes), with its matrix +
+  other FLOPs, so the per-operator roofline sees elementwise work too.
 
 JAX has no trainable flag and no buffers: every params leaf is a trainable parameter and ``buffers`` is 0.
 """
@@ -34,13 +36,13 @@ from rpx_core.hookspecs import hookimpl
 from rpx_core.precision import BYTES_PER_ELEMENT
 from rpx_core.spec import InputSpec
 from rpx_core.tier1 import (
-    OTHERS,
     CountOptions,
     FlopsResult,
     OperatorStats,
     OpRecord,
     ParamsResult,
     TrafficResult,
+    fold_largest,
 )
 from rpx_plugins.jax_backend import (
     JaxModel,
@@ -51,11 +53,17 @@ from rpx_plugins.jax_backend import (
     resolve_device,
     split_inputs,
 )
-from rpx_plugins.jax_jaxpr import JaxprCounts, fp16_size, live_peak, nbytes, walk
+from rpx_plugins.jax_jaxpr import (
+    JaxprCounts,
+    fp16_size,
+    live_peak,
+    nbytes,
+    other_flops_convention,
+    walk,
+)
 
-COUNTED_ON = "xla-cost-analysis"
-#: uncounted_ops key for scan-body executions whose non-matrix FLOPs XLA leaves out (it counts a loop body once).
-SCAN_REPEATS = "scan body repeats (non-matrix FLOPs not counted)"
+#: counted_on of every jax count: abstract values (ShapeDtypeStruct), JAX's analogue of torch's meta device.
+COUNTED_ON = "abstract"
 CAUSAL_MASK_CONVENTION = (
     "attention is counted as the dot_general equations it runs: masked positions are computed, so counted"
 )
@@ -66,7 +74,7 @@ class Analysis:
     """One job's trace and compile at its precision: everything count_flops and estimate_traffic report."""
 
     counts: JaxprCounts
-    cost: dict[str, float]  # XLA's compiled cost analysis
+    cost: dict[str, float]  # XLA's compiled cost analysis (reported, not used)
     jaxpr: Any  # the traced program
     xla_buffer_bytes: int | None  # XLA memory analysis: temp + output buffers
     weight_bytes: int
@@ -138,18 +146,6 @@ def abstract_args(ctx: StageContext, batch_size: int | None) -> tuple[Any, tuple
     return jax.tree.map(param, jax_model(ctx).params), args, kwargs
 
 
-def cost_dict(compiled: Any) -> dict[str, float]:
-    """XLA's cost analysis, which jax returns as a dict or (older versions) a one-element list of dicts."""
-    cost = compiled.cost_analysis()
-    if isinstance(cost, (list, tuple)):
-        if len(cost) != 1:
-            raise UnsupportedError(f"XLA returned {len(cost)} cost analyses (one per program); rpx counts one program")
-        cost = cost[0]
-    if not cost or "flops" not in cost:
-        raise UnsupportedError("XLA gave no cost analysis (flops) for this platform")
-    return dict(cost)
-
-
 def xla_buffers(compiled: Any) -> int | None:
     """XLA's temp + output buffer bytes for the compiled program (None where it gives no memory analysis)."""
     memory = compiled.memory_analysis()
@@ -174,7 +170,7 @@ def analyse(ctx: StageContext) -> Analysis:
     walk(jaxpr, set(jaxpr.invars[:param_count]) | set(jaxpr.constvars), counts)
     analysis = Analysis(
         counts=counts,
-        cost=cost_dict(compiled),
+        cost=dict(compiled.cost_analysis() or {}),
         jaxpr=jaxpr,
         xla_buffer_bytes=xla_buffers(compiled),
         weight_bytes=count_params(jax_model(ctx).params, ctx.job.precision).bytes_at_precision
@@ -190,29 +186,32 @@ def analyse(ctx: StageContext) -> Analysis:
 # -- results -----------------------------------------------------------------------------------------------------------
 
 
+def size(stats: OperatorStats) -> tuple[int, int]:
+    """How operators rank: FLOPs, then bytes (the torch counter's order)."""
+    return stats.matrix_flops + stats.other_flops, stats.bytes_read + stats.bytes_written
+
+
+def summed(parts: list[OperatorStats]) -> OperatorStats:
+    """Field-by-field sum of ``parts`` (the "(others)" entry)."""
+    return OperatorStats(*(sum(column) for column in zip(*(attrs.astuple(part) for part in parts))))
+
+
 def operator_totals(counts: JaxprCounts, top_k: int) -> dict[str, OperatorStats]:
-    """Totals per matrix primitive, most FLOPs first, beyond ``top_k`` summed in "(others)" (a matrix primitive has no
-    non-matrix FLOPs)."""
-    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    """Totals per primitive, largest first, beyond ``top_k`` summed in "(others)" so the sums stay exact."""
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     for call, n in counts.executions.items():
-        for i, value in enumerate((n, 2 * call.macs * n, call.bytes_read * n, call.bytes_written * n)):
+        figures = (n, 2 * call.macs * n, call.other_flops * n, call.bytes_read * n, call.bytes_written * n)
+        for i, value in enumerate(figures):
             totals[call.op][i] += value
-    ranked = sorted(totals.items(), key=lambda item: -item[1][1])
-    kept = dict(ranked[:top_k])
-    if len(ranked) > top_k:
-        kept[OTHERS] = [sum(column) for column in zip(*(figures for _, figures in ranked[top_k:]))]
-    return {op: OperatorStats(calls, flops, 0, read, written) for op, (calls, flops, read, written) in kept.items()}
+    stats = {op: OperatorStats(*figures) for op, figures in totals.items()}
+    ranked = dict(sorted(stats.items(), key=lambda item: size(item[1]), reverse=True))
+    return fold_largest(ranked, top_k, key=size, merge=summed)
 
 
 def flops_result(analysis: Analysis, options: CountOptions) -> FlopsResult:
-    counts, cost = analysis.counts, analysis.cost
+    counts = analysis.counts
     macs = sum(call.macs * n for call, n in counts.executions.items())
-    xla_matrix = 2 * sum(call.xla_macs * n for call, n in counts.occurrences.items())
-    xla_total = round(cost["flops"] + cost.get("transcendentals", 0.0))
-    other = max(xla_total - xla_matrix, 0)
-    clamped = ""
-    if xla_total < xla_matrix:
-        clamped = f" XLA's total ({xla_total}) was below its matrix part, so other_flops is clamped to 0."
+    other = sum(call.other_flops * n for call, n in counts.executions.items())
     return FlopsResult(
         matrix_flops=2 * macs,
         other_flops=other,
@@ -221,15 +220,12 @@ def flops_result(analysis: Analysis, options: CountOptions) -> FlopsResult:
         by_operator=operator_totals(counts, options.top_k),
         by_module={},
         by_phase={"forward": 2 * macs + other},
-        uncounted_ops={SCAN_REPEATS: counts.scan_repeats} if counts.scan_repeats else {},
+        uncounted_ops=dict(counts.uncounted),
         causal_mask_convention=CAUSAL_MASK_CONVENTION,
         other_flops_convention=(
-            f"XLA's compiled cost analysis on {analysis.platform}: flops (1 per element for elementwise arithmetic, "
-            "compares, converts, reductions, plus loop bookkeeping) + transcendentals (exp, log, tanh, ..., 1 each), "
-            f"minus XLA's own count of the matrix work ({xla_matrix}). by_operator lists the matrix primitives only; "
-            "by_module is empty (plain JAX has no module tree). XLA counts a loop body once: non-matrix FLOPs of "
-            f"further scan iterations are not in the totals (uncounted_ops). Always counted abstractly for the job's "
-            f"device, whatever count_on says.{clamped}"
+            f"per jaxpr equation: {other_flops_convention()}. Scan bodies count once per iteration. by_operator lists "
+            "jaxpr primitives; by_module is empty (plain JAX has no module tree). Always counted abstractly for the "
+            "job's device, whatever count_on says; XLA's own cost analysis is in estimate_traffic's assumptions"
         ),
         backward=False,
         counted_on=COUNTED_ON,
@@ -239,8 +235,12 @@ def flops_result(analysis: Analysis, options: CountOptions) -> FlopsResult:
 
 
 def op_records(counts: JaxprCounts) -> tuple[OpRecord, ...]:
+    """One record per kind of equation; its flops are one execution's matrix + other FLOPs."""
     records = [
-        OpRecord(call.op, call.module, n, 2 * call.macs, call.macs, call.bytes_read, call.bytes_written, inputs=call.inputs)
+        OpRecord(
+            call.op, call.module, n, 2 * call.macs + call.other_flops, call.macs, call.bytes_read, call.bytes_written,
+            inputs=call.inputs,
+        )
         for call, n in counts.executions.items()
     ]
     return tuple(sorted(records, key=lambda r: -(r.bytes_read + r.bytes_written) * r.count))
@@ -248,6 +248,17 @@ def op_records(counts: JaxprCounts) -> tuple[OpRecord, ...]:
 
 def reported(figure: float | None) -> str:
     return "not reported" if figure is None else str(round(figure))
+
+
+def xla_cost_text(analysis: Analysis) -> str:
+    """XLA's compiled cost analysis, reported for comparison only."""
+    cost = analysis.cost
+    return (
+        f"XLA's cost analysis of the compiled, fused program on {analysis.platform} (not used above): flops "
+        f"{reported(cost.get('flops'))}, transcendentals {reported(cost.get('transcendentals'))}, bytes accessed "
+        f"{reported(cost.get('bytes accessed'))}; its flops include type conversions and count a loop body once, so "
+        "they change with precision"
+    )
 
 
 def traffic_result(analysis: Analysis, options: CountOptions) -> TrafficResult:
@@ -269,8 +280,7 @@ def traffic_result(analysis: Analysis, options: CountOptions) -> TrafficResult:
         assumptions=(
             "unfused_*: every jaxpr equation reads its operands and writes its results (reshapes and broadcasts "
             "included, though XLA may make them free); scan bodies count once per iteration; literals are not reads",
-            f"XLA's bytes accessed by the compiled, fused program on {analysis.platform}: "
-            f"{reported(analysis.cost.get('bytes accessed'))} (not used above)",
+            xla_cost_text(analysis),
             "weight_bytes: every params leaf once (floating leaves at the precision's dtype) plus the arrays the "
             "function closes over (constants, at their own dtype); reads of either count as weight reads",
             "activation_peak_bytes: liveness over the jaxpr, unfused (each equation's results held from creation to last "
@@ -278,8 +288,8 @@ def traffic_result(analysis: Analysis, options: CountOptions) -> TrafficResult:
             f"XLA's temp + output buffers for the compiled program on {analysis.platform}: "
             f"{reported(analysis.xla_buffer_bytes)} (after fusion; may include compiler copies such as widened "
             "weights; not used above)",
-            "op_records: one per dot_general/conv_general_dilated kind; non-matrix equations have no per-call FLOP "
-            "figure and are not listed",
+            "op_records: one per kind of equation that moves bytes (primitive, scope, operand shapes), flops = its "
+            "matrix + other FLOPs; count x bytes sums to unfused_bytes and count x flops to total FLOPs",
         ),
         op_records=op_records(counts),
         arithmetic_intensity_unfused=total_flops / unfused if unfused else None,
@@ -303,7 +313,10 @@ def rpx_count_params(ctx: StageContext) -> ParamsResult | None:
 
 @hookimpl
 def rpx_count_flops(ctx: StageContext) -> FlopsResult | None:
-    return flops_result(analyse(ctx), count_options(ctx)) if is_jax(ctx) else None
+    if not is_jax(ctx):
+        return None
+    options = count_options(ctx)
+    return attrs.evolve(flops_result(analyse(ctx), options), counted_batch_size=ctx.job.model.batch_size(options.batch_size))
 
 
 @hookimpl

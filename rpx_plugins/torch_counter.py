@@ -10,7 +10,8 @@ Why one formula per kind of work: which attention kernel runs depends on device,
 ``_scaled_dot_product_flash_attention_for_cpu``, CUDA flash/efficient/cuDNN kernels, meta the unfused math path,
 ``nn.MultiheadAttention`` in eval + no_grad its fused ``_native_multi_head_attention``). Every attention kernel gets the
 same formula, so the same model has the same matrix FLOPs everywhere. On meta, ``F.scaled_dot_product_attention`` is
-routed to the kernel the CPU backend would pick, so meta counts equal CPU counts (bytes and activation memory included).
+routed to the kernel the CPU backend would pick, and ``nn.MultiheadAttention`` to its fused path whenever the CPU backend
+would take it, so meta counts equal CPU counts (bytes and activation memory included).
 
 This module imports torch: import it lazily, inside a stage.
 """
@@ -19,12 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 import re
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Self, TypeVar
 
 import attrs
 import torch
@@ -44,6 +46,7 @@ from rpx_core.tier1 import (
     OperatorStats,
     OpRecord,
     TrafficResult,
+    fold_largest,
 )
 
 
@@ -453,6 +456,7 @@ class _OpInfo(NamedTuple):
     defaults: dict[str, Any]  # schema defaults, so formulas read every argument by name
     write_only: frozenset[str]  # arguments only written (out=, copy_ destination): not read
     unreturned_writes: frozenset[str]  # arguments mutated but not returned (batch norm running stats): written
+    dynamic_output: bool  # output shapes depend on tensor values (x[mask], nonzero, unique) or cannot be known
 
 
 def _classify(func: torch._ops.OpOverload) -> _OpInfo:
@@ -487,6 +491,7 @@ def _classify(func: torch._ops.OpOverload) -> _OpInfo:
         unreturned_writes=frozenset(
             arg_name for arg_name, arg in mutated.items() if not arg.alias_info.before_set <= returned_sets
         ),
+        dynamic_output=torch.Tag.dynamic_output_shape in func.tags or func.namespace != "aten",
     )
 
 
@@ -742,6 +747,8 @@ class _Ledger:
             ids = [id(tensor) for tensor in tensors]
             if len(set(ids)) < len(ids):
                 signature.append(tuple(ids.index(i) for i in ids))
+        if info.dynamic_output:  # the inputs do not determine the output sizes, so the price also keys on them
+            signature.append(_describe(out, []))
         keys = [_storage_key(tensor) for tensor in tensors]
         weights = self.weight_bytes
         is_weight = tuple([key in weights for key in keys])
@@ -825,22 +832,49 @@ def _meta_error(op: str, error: BaseException) -> CountingError:
 
 
 class _CpuAttentionOnMeta(TorchFunctionMode):
-    """On meta, run F.scaled_dot_product_attention through the kernel the CPU backend would select.
+    """On meta, run attention through the kernels the CPU backend would select.
 
-    Why: meta tensors always take SDPA's unfused math path (a score matrix written and read back), so without this a
-    meta count would differ from the CPU count in bytes, other FLOPs and activation memory. Only pushed on meta:
-    any active TorchFunctionMode disables nn.MultiheadAttention's fast path, which the CPU count must see.
+    Why: meta tensors always take SDPA's unfused math path (a score matrix written and read back) and
+    nn.MultiheadAttention's unfused path (its fast path accepts only cpu/cuda tensors), so without this a meta count
+    would differ from the CPU count in bytes, other FLOPs and activation memory. Only pushed on meta: any active
+    TorchFunctionMode disables nn.MultiheadAttention's fast path, which the CPU count must see.
     """
 
     def __init__(self, ledger: _Ledger) -> None:
         super().__init__()
         self.ledger = ledger
+        self.hooks: list[torch.utils.hooks.RemovableHandle] = []
+        #: The nn.MultiheadAttention whose running forward the CPU backend would send down its fused fast path.
+        self.fused: torch.nn.MultiheadAttention | None = None
+
+    def __enter__(self) -> Self:
+        self.hooks = [
+            module.register_forward_pre_hook(self._decide_fusion, with_kwargs=True)
+            for module in self.ledger.model.modules()
+            if type(module).forward is torch.nn.MultiheadAttention.forward
+        ]
+        return super().__enter__()
+
+    def __exit__(self, *exc_info: object) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        super().__exit__(*exc_info)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
             return self._attention(*args, **kwargs)
+        if func is F.multi_head_attention_forward and self.fused is not None:
+            module, self.fused = self.fused, None
+            return _fused_multi_head_attention(module, *args, **kwargs)
         return func(*args, **kwargs)
+
+    def _decide_fusion(self, module: torch.nn.MultiheadAttention, args: tuple[Any, ...], kwargs: Any) -> None:
+        """Forward pre-hook: the fast path's conditions need the call's own arguments (a float mask rules it out)."""
+        arguments = _MHA_FORWARD.bind(module, *args, **kwargs).arguments
+        del arguments["self"]
+        with self.ledger.pause():
+            self.fused = module if _cpu_takes_mha_fast_path(module, **arguments) else None
 
     def _attention(
         self,
@@ -890,6 +924,61 @@ class _CpuAttentionOnMeta(TorchFunctionMode):
             except RuntimeError:  # invalid inputs: let F.scaled_dot_product_attention raise its own error
                 return False
         return choice == int(SDPBackend.FLASH_ATTENTION)
+
+
+_MHA_FORWARD = inspect.signature(torch.nn.MultiheadAttention.forward)
+_MHA_FUNCTIONAL = inspect.signature(F.multi_head_attention_forward)
+
+
+def _cpu_takes_mha_fast_path(
+    module: torch.nn.MultiheadAttention,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+    **_options: Any,
+) -> bool:
+    """nn.MultiheadAttention.forward's fast-path conditions (torch 2.13), the device taken to be the CPU."""
+    weights = (module.in_proj_weight, module.in_proj_bias, module.out_proj.weight, module.out_proj.bias)
+    tensors = [t for t in (query, *weights) if t is not None]
+    return (
+        torch.backends.mha.get_fastpath_enabled()
+        and query.dim() == 3
+        and query is key is value
+        and not any(mask is not None and mask.is_floating_point() for mask in (attn_mask, key_padding_mask))
+        and module.in_proj_weight is not None
+        and module.in_proj_bias is not None
+        and query.dtype == module.in_proj_weight.dtype == module.in_proj_bias.dtype
+        and not module.training
+        and module.num_heads % 2 == 0
+        and module.batch_first
+        and module.bias_k is None
+        and module.bias_v is None
+        and not module.add_zero_attn
+        and module._qkv_same_embed_dim
+        and not torch.is_autocast_enabled()
+        and all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors)  # no __torch_function__ subclass
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    )
+
+
+def _fused_multi_head_attention(
+    module: torch.nn.MultiheadAttention, *args: Any, **kwargs: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run what the fast path runs, from the F.multi_head_attention_forward call of the unfused path: that call gets
+    the input transposed to (seq, batch, embed) and the masks already converted to float, and returns the same."""
+    call = _MHA_FUNCTIONAL.bind(*args, **kwargs)
+    call.apply_defaults()
+    arguments = call.arguments
+    source = arguments["query"].transpose(1, 0)  # the module's own (batch, seq, embed) input: query is key is value
+    mask, mask_type = module.merge_masks(arguments["attn_mask"], arguments["key_padding_mask"], source)
+    output, weights = torch._native_multi_head_attention(
+        source, source, source, module.embed_dim, module.num_heads, module.in_proj_weight, module.in_proj_bias,
+        module.out_proj.weight, module.out_proj.bias, mask, arguments["need_weights"],
+        arguments["average_attn_weights"], mask_type,
+    )
+    return output.transpose(1, 0), weights
 
 
 def _cpu_stand_in(tensor: torch.Tensor) -> torch.Tensor:
@@ -1020,6 +1109,14 @@ class _Totals:
         for name in self.__slots__:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
+    @classmethod
+    def of(cls, parts: list[_Totals]) -> _Totals:
+        """The sum of ``parts`` (the "(others)" entry of a top-k breakdown)."""
+        total = cls()
+        for part in parts:
+            total.merge(part)
+        return total
+
     @property
     def flops(self) -> int:
         return self.matrix_flops + self.other_flops
@@ -1076,8 +1173,21 @@ def _summarise(
         counted_on=device,
         module_depth=depth,
         top_k=top_k,
+        counted_inputs=_input_descriptions(args, kwargs),
     )
     return CountReport(flops=flops, traffic=_traffic(ledger, total, weight_read, args, kwargs, outputs, backward))
+
+
+def _input_descriptions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, ...]:
+    """Each input tensor as "int64[1,2048]", positional then keyword ("mask=bool[1,2048]"): which pass was counted."""
+    positional = [_short(value) for value in tree_leaves(args) if isinstance(value, torch.Tensor)]
+    keyword = [
+        f"{name}={_short(value)}"
+        for name, tree in kwargs.items()
+        for value in tree_leaves(tree)
+        if isinstance(value, torch.Tensor)
+    ]
+    return (*positional, *keyword)
 
 
 def _ancestors(path: str) -> list[str]:
@@ -1094,7 +1204,7 @@ def _operator_stats(totals: dict[str, _Totals], top_k: int | None) -> dict[str, 
     ranked = dict(sorted(totals.items(), key=lambda item: item[1].size(), reverse=True))
     return {
         name: OperatorStats(t.calls, t.matrix_flops, t.other_flops, t.bytes_read, t.bytes_written)
-        for name, t in _limit(ranked, top_k).items()
+        for name, t in _largest(ranked, top_k).items()
     }
 
 
@@ -1103,7 +1213,7 @@ def _module_stats(exclusive: dict[str, _Totals], calls: dict[str, int], top_k: i
     for path, totals in exclusive.items():
         for ancestor in _ancestors(path):
             inclusive[ancestor].merge(totals)
-    limited = _limit(exclusive, top_k)
+    limited = _largest(exclusive, top_k)
     if OTHERS in limited:
         inclusive[OTHERS] = limited[OTHERS]
     return {
@@ -1120,17 +1230,9 @@ def _module_stats(exclusive: dict[str, _Totals], calls: dict[str, int], top_k: i
     }
 
 
-def _limit(entries: dict[str, _Totals], top_k: int | None) -> dict[str, _Totals]:
-    """The ``top_k`` largest entries (by FLOPs, then bytes) in their original order, the rest summed into "(others)"."""
-    if top_k is None or len(entries) <= top_k:
-        return entries
-    keep = set(sorted(entries, key=lambda name: entries[name].size(), reverse=True)[:top_k])
-    limited = {name: totals for name, totals in entries.items() if name in keep}
-    others = limited[OTHERS] = _Totals()
-    for name, totals in entries.items():
-        if name not in keep:
-            others.merge(totals)
-    return limited
+def _largest(entries: dict[str, _Totals], top_k: int | None) -> dict[str, _Totals]:
+    """The ``top_k`` largest entries (by FLOPs, then bytes) in their order, the rest summed into "(others)"."""
+    return fold_largest(entries, top_k, key=_Totals.size, merge=_Totals.of)
 
 
 def _op_records(ledger: _Ledger) -> tuple[OpRecord, ...]:
@@ -1165,13 +1267,17 @@ def _op_records(ledger: _Ledger) -> tuple[OpRecord, ...]:
     return tuple(records)
 
 
-def _unique_bytes(tree: Any) -> int:
-    """Bytes of the tensors in ``tree``, each storage once (at the largest extent seen in it)."""
+def _unique_bytes(tree: Any, counted: set[Any] | None = None) -> int:
+    """Bytes of the tensors in ``tree``, each storage once (at the largest extent seen in it), skipping storages in
+    ``counted`` and adding the new ones to it, so a storage is counted once across weights, inputs and outputs."""
+    counted = set() if counted is None else counted
     extents: dict[Any, int] = {}
     for value in tree_leaves(tree):
         if isinstance(value, torch.Tensor):
             key = _storage_key(value) or id(value)
-            extents[key] = max(extents.get(key, 0), _extent_bytes(value))
+            if key not in counted:
+                extents[key] = max(extents.get(key, 0), _extent_bytes(value))
+    counted.update(extents)
     return sum(extents.values())
 
 
@@ -1188,8 +1294,9 @@ def _traffic(
     for (key, _offset, _view), nbytes in ledger.weight_views.items():
         read_per_storage[key] += nbytes
     weight_bytes = sum(min(ledger.weight_bytes[key], nbytes) for key, nbytes in read_per_storage.items())
-    input_bytes = _unique_bytes((args, kwargs))
-    output_bytes = _unique_bytes(outputs)
+    counted = set(ledger.weight_bytes)  # a storage is counted once: as a weight, else as an input, else as an output
+    input_bytes = _unique_bytes((args, kwargs), counted)
+    output_bytes = _unique_bytes(outputs, counted)
     gradient_bytes = _unique_bytes([p for p in ledger.model.parameters() if p.requires_grad]) if backward else None
     fused = weight_bytes + input_bytes + output_bytes + (gradient_bytes or 0)
     return TrafficResult(
@@ -1220,15 +1327,18 @@ TRAFFIC_ASSUMPTIONS = (
     "gathers (embedding, index_select, gather, index) read only the rows they return, plus the indices",
     "fused: each parameter/buffer storage counted once (shared/tied weights once), at the bytes of the distinct "
     "views the pass read from it (a slice only its extent, a gather the most rows one gather returned), at most its "
-    "size; plus each model input and output storage once, plus the parameter gradients once with backward",
+    "size; plus each model input and output storage once, a storage shared by weights, inputs and outputs only once "
+    "(an output that is an input, as nn.Identity returns, adds nothing); plus the parameter gradients once with "
+    "backward",
     "activation memory: storages allocated by operators during the forward pass (including the outputs and "
     "auxiliary outputs such as pooling indices or attention log-sum-exp), excluding parameters, buffers and model "
     "inputs; each live from its op until its last reference dies (tracked by weak references to storages); "
     "workspace inside a kernel and allocator caching are not included",
     "with grad enabled, tensors saved for backward stay alive, so the activation peak is the training-time figure; "
     "under no_grad it is the inference figure",
-    "on meta, F.scaled_dot_product_attention runs the kernel the CPU backend selects (meta alone would take the "
-    "unfused math path), so meta and CPU counts agree",
-    "nn.MultiheadAttention's fused inference path (eval + no_grad on cpu/cuda) moves fewer bytes than its unfused "
-    "path, which meta and grad-enabled runs take; FLOPs are the same",
+    "on meta, F.scaled_dot_product_attention runs the kernel the CPU backend selects, and nn.MultiheadAttention "
+    "its fused path when the CPU backend would take it (meta alone would take both unfused paths), so meta and CPU "
+    "counts agree",
+    "nn.MultiheadAttention's fused inference path (eval + no_grad, batch_first self-attention without float masks) "
+    "moves fewer bytes than its unfused path, which grad-enabled and training runs take; FLOPs are the same",
 )

@@ -1,19 +1,25 @@
 """The built-in Tier 1 stages for torch models: parameters, FLOPs, bytes moved and activation memory.
 
 Counting happens on the meta device when it can (shapes and dtypes only: a 70B-parameter model fits in a laptop's
-memory), else on real tensors on the job's device; the counts do not depend on which. One counting pass per job feeds
-both ``count_flops`` and ``estimate_traffic``.
+memory), else on real tensors on the job's device, and the result says why (``fallback_reason``); the counts do not
+depend on which. One counting pass per job feeds both ``count_flops`` and ``estimate_traffic``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from rpx_core.context import StageContext
 from rpx_core.errors import UnsupportedError
 from rpx_core.hookspecs import hookimpl
 from rpx_core.models import load_callable
 from rpx_core.tier1 import CountOptions, FlopsResult, ParamsResult, TrafficResult
+
+#: What building or running a model on meta can fail with (the counter's CountingError is a RuntimeError); any other
+#: error is a bug in the model or the spec and would fail on the device too.
+META_FAILURES = (NotImplementedError, RuntimeError)
 
 
 def handles(ctx: StageContext) -> bool:
@@ -46,24 +52,36 @@ def given_object(ctx: StageContext) -> tuple[Any, str]:
 
 def count(ctx: StageContext) -> Any:
     """Count once per job (cached): on meta when possible, else on the device, as ``count_on`` says."""
-    if "count_report" in ctx.cache:
-        return ctx.cache["count_report"]
-    options: CountOptions = ctx.options("count_flops")
+    if "count_report" not in ctx.cache:
+        options: CountOptions = ctx.options("count_flops")
+        report, fallback_reason = counted_where_asked(ctx, options)
+        batch = ctx.job.model.batch_size(options.batch_size)
+        flops = attrs.evolve(report.flops, counted_batch_size=batch, fallback_reason=fallback_reason)
+        ctx.cache["count_report"] = attrs.evolve(report, flops=flops)
+    return ctx.cache["count_report"]
+
+
+def counted_where_asked(ctx: StageContext, options: CountOptions) -> tuple[Any, str | None]:
+    """The counted pass, and why it ran on the device when meta was asked for (None when it was not)."""
     if ctx.model_object is not None:
         model, device = given_object(ctx)
-        report = count_pass(ctx, model, device, options)
-    elif options.count_on == "device":
+        return count_pass(ctx, model, device, options), None
+    if options.count_on == "device":
+        return count_pass(ctx, ctx.model(), ctx.job.device, options), None
+    try:
+        return count_pass(ctx, meta_model(ctx), "meta", options), None
+    except META_FAILURES as error:
+        if options.count_on == "meta" or ctx.job.model.meta_only:
+            raise
+        ctx.cache.pop("meta_model", None)
         report = count_pass(ctx, ctx.model(), ctx.job.device, options)
-    else:
-        try:
-            report = count_pass(ctx, meta_model(ctx), "meta", options)
-        except Exception:
-            if options.count_on == "meta" or ctx.job.model.meta_only:
-                raise
-            ctx.cache.pop("meta_model", None)
-            report = count_pass(ctx, ctx.model(), ctx.job.device, options)
-    ctx.cache["count_report"] = report
-    return report
+        return report, f"could not count on meta: {describe(error)}; counted on {report.flops.counted_on}"
+
+
+def describe(error: BaseException) -> str:
+    """``Type: first line of the message``, short enough for a result field."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 def count_pass(ctx: StageContext, model: Any, device: str, options: CountOptions) -> Any:
@@ -88,7 +106,7 @@ def rpx_count_params(ctx: StageContext) -> ParamsResult | None:
         return count_parameters(ctx.model_object, ctx.job.precision)
     try:
         model = meta_model(ctx)
-    except Exception:
+    except META_FAILURES:
         if ctx.job.model.meta_only:
             raise
         model = ctx.build_model()  # the factory cannot build on meta: count a real, unplaced model

@@ -1,4 +1,5 @@
-"""Built-in example models: documented inputs and outputs, presets, and the Llama-2-70B shape on meta."""
+"""Built-in example models: documented inputs and outputs, presets, and the Llama-2-70B shape on meta (parameters, and
+one counted pass at sequence 2048 within laptop memory)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 from rpx_plugins import model_zoo
-from rpx_plugins.torch_counter import build_on_meta
+from rpx_plugins.host_memory import HostPeakTracker
+from rpx_plugins.torch_counter import build_on_meta, count_model
 from rpx_plugins.torch_params import count_parameters
 
 
@@ -58,6 +60,26 @@ def test_llama2_70b_preset_has_about_69b_parameters_on_meta() -> None:
     rotary_tables = 2 * 4096 * (d // heads)  # cos and sin, shared by all layers
     assert result.buffers == rotary_tables
     assert result.bytes_at_precision == 2 * (expected + rotary_tables)
+
+
+def test_llama2_70b_counts_on_meta_at_sequence_2048_with_hand_computed_macs_in_little_memory() -> None:
+    layers, seq, d, heads, kv_heads, ffn, vocab = 80, 2048, 8192, 64, 8, 28672, 32000
+    kv = kv_heads * (d // heads)
+    memory = HostPeakTracker()
+    memory.reset()
+    model = build_on_meta(model_zoo.llama, preset="llama2-70b").eval()
+    with torch.no_grad():
+        report = count_model(model, model.example_inputs(batch=1, seq_len=seq))
+    peak = memory.read().peak_bytes
+    per_layer = (
+        2 * seq * d * d  # q and o projections
+        + 2 * seq * d * kv  # k and v projections (grouped-query: 8 key/value heads)
+        + 3 * seq * d * ffn  # SwiGLU gate, up and down
+        + 2 * seq * seq * d  # QK^T and PV over all 64 query heads, causal counted dense
+    )
+    assert report.flops.macs == layers * per_layer + seq * d * vocab == 146_222_161_592_320  # + the output head
+    assert report.flops.counted_on == "meta" and report.flops.counted_inputs == ("int64[1,2048]",)
+    assert peak < 1.5e9  # the whole process, torch included: no 138 GB of weights, no activations
 
 
 def test_tiny_transformer_ties_its_output_head_to_the_embedding() -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import pytest
 import tomli_w
-import tomllib
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -16,7 +16,7 @@ def ok(result: object) -> StageRecord:
 
 
 PARAMS = NS(total=2_500_000)
-FLOPS = NS(total_flops=8_000_000_000, matrix_flops=7_000_000_000, macs=3_500_000_000)
+FLOPS = NS(total_flops=8_000_000_000, matrix_flops=7_000_000_000, macs=3_500_000_000, counted_batch_size=1)
 TRAFFIC = NS(unfused_bytes=400_000_000, fused_bytes=100_000_000, arithmetic_intensity_unfused=20.0,
              activation_peak_bytes_fp16=50_000_000)
 BOUND = NS(bound_ms_fused=0.5, bottleneck_fused="memory")
@@ -34,12 +34,18 @@ def test_tier1_fields_follow_their_definitions():
 
 
 def test_measured_latency_beside_the_bound_of_the_gpu_it_ran_on():
-    fields = seed_fields({"roofline": ok(ROOFLINE), "measure_latency": ok(LATENCY)})
+    fields = seed_fields({"count_flops": ok(FLOPS), "roofline": ok(ROOFLINE), "measure_latency": ok(LATENCY)})
     assert fields["roofline_h100_sxm_fp16_ms"] == 0.5 and fields["bottleneck_h100_sxm_fp16"] == "memory"
     assert fields["latency_p50_ms"] == fields["latency_ms_per_sample"] == 2.0 and fields["latency_p90_ms"] == 2.5
     assert "latency_p95_ms" not in fields and "latency_p99_ms" not in fields  # unclaimed: absent, not zero
     assert fields["peak_memory_mb"] == 3.0 and fields["throughput_b8_samples_per_s"] == 1000.0
     assert fields["measured_gpu"] == "H100-SXM" and fields["fraction_of_roofline"] == pytest.approx(0.5 / 2.0)
+
+
+def test_no_comparison_when_the_bound_was_counted_at_another_batch_size():
+    batch8 = NS(**{**vars(FLOPS), "counted_batch_size": 8})
+    fields = seed_fields({"count_flops": ok(batch8), "roofline": ok(ROOFLINE), "measure_latency": ok(LATENCY)})
+    assert "fraction_of_roofline" not in fields and fields["latency_p50_ms"] == 2.0
 
 
 def test_failed_and_absent_stages_contribute_nothing():

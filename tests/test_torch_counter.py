@@ -1,5 +1,6 @@
 """Tier 1 counting core: hand-computed FLOPs/MACs/bytes, agreement with torch's FlopCounterMode, CPU == meta, grad ==
-no_grad, per-module sums without double counting, activation liveness, and the meta data-dependence error.
+no_grad, per-module sums without double counting, activation liveness, the meta data-dependence error, and the torch
+Tier 1 stages' record of what was counted (inputs, batch size, why meta was not used).
 
 Hand computations write the formula out; conventions: FLOPs = 2 x MACs, bias adds are 1 other FLOP per output element,
 bytes = 4 per float32 element.
@@ -18,9 +19,12 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from rpx_core.api import run_spec
 from rpx_core.convert import converter
 from rpx_core.precision import UnknownPrecisionError
-from rpx_core.tier1 import OTHERS, ROOT_MODULE, FlopsResult, TrafficResult
+from rpx_core.results import StageRecord
+from rpx_core.spec import InputSpec, ModelSpec, spec_from_dict
+from rpx_core.tier1 import OTHERS, ROOT_MODULE, FlopsResult, TrafficResult, fold_largest
 from rpx_plugins import model_zoo
 from rpx_plugins.torch_counter import (
     SOFTMAX_FLOPS,
@@ -236,6 +240,52 @@ def test_multihead_attention_fast_path_hand_computed_and_equal_to_slow_path(need
     assert slow.flops.other_flops == fast.flops.other_flops
 
 
+class MaskedSelfAttention(nn.Module):
+    """nn.MultiheadAttention self-attention with an optional mask, to check the fast-path conditions on meta."""
+
+    def __init__(self, mask: str) -> None:
+        super().__init__()
+        self.mask = mask
+        self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        keyword = "key_padding_mask" if self.mask == "padding" else "attn_mask"
+        return self.attn(x, x, x, **{keyword: mask})[0]
+
+
+def mask_for(kind: str, device: str) -> torch.Tensor:
+    """(batch 2, keys 8) padding of the last 2 keys, or an (8, 8) causal mask, boolean or as float -inf."""
+    masked = torch.zeros(2, 8, dtype=torch.bool) if kind == "padding" else torch.ones(8, 8, dtype=torch.bool).triu(1)
+    if kind == "padding":
+        masked[:, -2:] = True
+    if kind == "float causal":
+        return torch.zeros(8, 8, device=device).masked_fill(masked.to(device), float("-inf"))
+    return masked.to(device)
+
+
+@pytest.mark.parametrize(("mask", "fused"), [("padding", True), ("causal", True), ("float causal", False)])
+def test_multihead_attention_on_meta_takes_the_fast_path_when_cpu_does(mask: str, fused: bool) -> None:
+    torch.manual_seed(0)
+    cpu_model, meta_model = MaskedSelfAttention(mask).eval(), build_on_meta(MaskedSelfAttention, mask=mask).eval()
+    with torch.no_grad():
+        on_cpu = count_model(cpu_model, (torch.randn(2, 8, 32), mask_for(mask, "cpu")))
+        on_meta = count_model(meta_model, (torch.randn(2, 8, 32, device="meta"), mask_for(mask, "meta")))
+    assert ("aten._native_multi_head_attention" in on_meta.flops.by_operator) is fused  # a float mask: unfused
+    assert counted(on_cpu) == counted(on_meta)
+
+
+def test_multihead_attention_fast_path_bytes_hand_computed_on_meta() -> None:
+    batch, seq, embed = 2, 8, 32
+    block = build_on_meta(model_zoo.mha_block, embed=embed, need_weights=True).eval()
+    with torch.no_grad():
+        report = count_model(block, (torch.empty(batch, seq, embed, device="meta"),))
+    assert list(report.flops.by_operator) == ["aten._native_multi_head_attention"]
+    x, weights = batch * seq * embed, 3 * embed * embed + 3 * embed + embed * embed + embed  # in and out projections
+    output, head_average = batch * seq * embed, batch * seq * seq  # the output and the head-averaged weights
+    assert report.traffic.unfused_bytes == (x + weights + output + head_average) * F32 == 21_504
+    assert report.traffic.activation_peak_bytes == (output + head_average) * F32
+
+
 def test_sdpa_math_path_and_default_path_have_equal_matrix_flops() -> None:
     torch.manual_seed(0)
     model = model_zoo.tiny_transformer().eval()
@@ -288,7 +338,7 @@ def counted(report: CountReport) -> tuple[FlopsResult, TrafficResult]:
     return attrs.evolve(report.flops, counted_on="-"), report.traffic
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer", "llama"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "transformer", "llama", "mha"])
 @pytest.mark.parametrize("grad", [False, True])
 def test_cpu_and_meta_counts_are_identical(name: str, grad: bool) -> None:
     torch.manual_seed(0)
@@ -386,6 +436,15 @@ def test_top_k_folds_the_rest_into_others_keeping_sums_exact() -> None:
     assert module_flops == flops.total_flops
 
 
+def test_fold_largest_keeps_order_breaks_ties_by_position_and_merges_the_rest() -> None:
+    entries = {"a": 1, "b": 5, "c": 3, "d": 5}
+    assert fold_largest(entries, 2, key=lambda v: v, merge=sum) == {"b": 5, "d": 5, OTHERS: 1 + 3}
+    assert list(fold_largest(entries, 3, key=lambda v: v, merge=sum)) == ["b", "c", "d", OTHERS]
+    assert fold_largest(entries, 1, key=lambda v: v, merge=sum, others_name="rest") == {"b": 5, "rest": 1 + 3 + 5}
+    assert fold_largest(entries, None, key=lambda v: v, merge=sum) == fold_largest(entries, 4, key=abs, merge=sum)
+    assert fold_largest(entries, 4, key=abs, merge=sum) == entries
+
+
 def test_op_records_merge_identical_layers_and_add_up_to_the_totals() -> None:
     model = model_zoo.llama()  # 2 layers
     report = count_model(model, model.example_inputs(batch=1, seq_len=8))
@@ -432,6 +491,22 @@ def test_fused_bytes_count_tied_weights_once_and_slices_at_their_extent() -> Non
     assert report.traffic.input_bytes == seq * 8  # int64 token ids
     assert report.traffic.output_bytes == seq * vocab * F32
     traffic = report.traffic
+    assert traffic.fused_bytes == traffic.weight_bytes + traffic.input_bytes + traffic.output_bytes
+
+
+@pytest.mark.parametrize(
+    ("model", "shapes", "fused_elements"),
+    [
+        (nn.Identity(), [(4,)], 4),  # the output is the input: 16 bytes, not 32
+        (Apply(lambda x, y: (x + 1, y)), [(4,), (6,)], 4 + 6 + 4),  # x, y; x + 1; y returned is not counted again
+        (Apply(lambda x: x.t()), [(2, 3)], 2 * 3),  # a view of the input is the input's storage
+    ],
+)
+def test_fused_bytes_count_an_output_aliasing_an_input_once(
+    model: nn.Module, shapes: list[tuple[int, ...]], fused_elements: int
+) -> None:
+    traffic = count_model(model, tuple(torch.randn(shape) for shape in shapes)).traffic
+    assert traffic.fused_bytes == fused_elements * F32
     assert traffic.fused_bytes == traffic.weight_bytes + traffic.input_bytes + traffic.output_bytes
 
 
@@ -491,6 +566,21 @@ def test_data_dependent_op_on_meta_raises_a_clear_error(fn, op: str) -> None:  #
     assert op in count_model(Apply(fn), (torch.randn(4),)).flops.by_operator  # the same model counts on CPU
 
 
+def test_ops_with_data_dependent_output_sizes_are_priced_per_call() -> None:
+    x = torch.randn(8)
+    first, second = torch.zeros(8, dtype=torch.bool), torch.zeros(8, dtype=torch.bool)
+    first[:3], second[:5] = True, True
+    report = count_model(Apply(lambda x, a, b: x[a].sum() + x[b].sum()), (x, first, second))
+
+    def selected_and_summed(kept: int) -> int:
+        index = kept * F32 + 8 + kept * F32  # a gather reads only what it returns, plus the 8-byte mask; writes them
+        return index + kept * F32 + F32  # sum: reads them, writes one float
+
+    add = 2 * F32 + F32
+    assert report.traffic.unfused_bytes == selected_and_summed(3) + selected_and_summed(5) + add == 132
+    assert report.flops.by_operator["aten.index"].bytes_written == (3 + 5) * F32
+
+
 # -- results are TOML-ready --------------------------------------------------------------------------------------------
 
 
@@ -502,6 +592,87 @@ def test_results_round_trip_through_toml() -> None:
     for result in (report.flops, report.traffic):
         data = converter.unstructure(result)
         assert converter.structure(tomllib.loads(tomli_w.dumps(data)), type(result)) == result
+
+
+# -- what was counted: inputs, batch size, and why not on meta -----------------------------------------------------
+
+
+def test_counted_inputs_name_each_tensor_positional_then_keyword() -> None:
+    class Masked(nn.Module):
+        def forward(self, x: torch.Tensor, *, mask: torch.Tensor) -> torch.Tensor:
+            return x * mask
+
+    report = count_model(Masked(), (torch.randn(2, 8),), {"mask": torch.ones(2, 8, dtype=torch.bool)})
+    assert report.flops.counted_inputs == ("float32[2,8]", "mask=bool[2,8]")
+
+
+@pytest.mark.parametrize(
+    ("inputs", "factory", "batch_size", "expected"),
+    [
+        ((InputSpec((4, 128), "int64"),), None, None, 4),  # as the spec writes it
+        ((InputSpec((4, 128), "int64"),), None, 1, 1),  # the option overrides it
+        ((InputSpec((16,), batch_dim=None), InputSpec((128, 3), batch_dim=1)), None, None, 3),  # first with a batch dim
+        ((InputSpec((16,), batch_dim=None),), None, 8, None),  # nothing to scale: batch_size has no effect
+        ((), "pkg:make_inputs", None, 1),  # an input_factory is asked for batch 1
+        ((), "pkg:make_inputs", 8, 8),
+    ],
+)
+def test_batch_size_of_the_made_inputs(inputs: tuple[InputSpec, ...], factory: str | None, batch_size: int | None,
+                            expected: int | None) -> None:
+    model = ModelSpec("m", "pkg:build", inputs=inputs, input_factory=factory)
+    assert model.batch_size(batch_size) == expected
+
+
+class ScaleByMean(nn.Module):
+    """A projection scaled by its input's mean read as a Python number (.item()): data-dependent, so meta cannot run
+    it."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.proj = nn.Linear(width, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) * x.mean().item()
+
+
+def count_flops_record(count_on: str, batch_size: int | None = None) -> StageRecord:
+    """The count_flops stage of a spec run on ScaleByMean, counting on ``count_on``."""
+    options = {"count_on": count_on} | ({"batch_size": batch_size} if batch_size else {})
+    spec = spec_from_dict({
+        "models": [{"name": "m", "source": "tests.test_torch_counter:ScaleByMean", "inputs": [{"shape": [2, 8]}]}],
+        "stages": ["count_flops"],
+        "options": {"count_flops": options},
+    })
+    return run_spec(spec, output=None).model("m").stages["count_flops"]
+
+
+def test_a_model_meta_cannot_run_is_counted_on_cpu_and_says_why() -> None:
+    flops = count_flops_record("auto", batch_size=3).result
+    batch, width = 3, 8
+    assert flops.macs == batch * width * width
+    assert flops.other_flops == batch * width + batch * width  # the mean (1 per input element), the scaling
+    assert flops.counted_on == "cpu"
+    assert flops.fallback_reason.startswith("could not count on meta: CountingError: cannot count aten._local_scalar")
+    assert flops.fallback_reason.endswith("; counted on cpu")
+    assert flops.counted_inputs == ("float32[3,8]",) and flops.counted_batch_size == batch
+
+
+def test_a_model_meta_cannot_run_fails_clearly_when_meta_is_required() -> None:
+    record = count_flops_record("meta")
+    assert record.status == "failed"
+    assert record.error.startswith("CountingError: cannot count aten._local_scalar_dense")
+    assert "real device" in record.error
+
+
+def test_a_model_counted_on_meta_records_no_fallback() -> None:
+    spec = spec_from_dict({
+        "models": [{"name": "m", "source": "torch.nn:Linear", "kwargs": {"in_features": 8, "out_features": 4},
+                    "inputs": [{"shape": [2, 8]}]}],
+        "stages": ["count_flops"],
+    })
+    flops = run_spec(spec, output=None).model("m").result("count_flops")
+    assert flops.counted_on == "meta" and flops.fallback_reason is None
+    assert flops.macs == 2 * 8 * 4 and flops.counted_batch_size == 2 and flops.counted_inputs == ("float32[2,8]",)
 
 
 # -- parameters --------------------------------------------------------------------------------------------------------
