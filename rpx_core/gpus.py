@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -18,7 +19,6 @@ from typing import Any
 
 import attrs
 import cattrs
-import tomllib
 
 from rpx_core.convert import describe_errors, make_converter
 from rpx_core.errors import RpxError, UnsupportedError, did_you_mean

@@ -9,11 +9,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 import attrs
-import tomllib
 
 from rpx_core.convert import converter, describe_errors
 from rpx_core.errors import RpxError
