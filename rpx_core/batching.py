@@ -53,6 +53,8 @@ UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }  # fmt: skip
 _AMOUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+#: The smallest amount an integer may give, in bytes: below it, an integer is almost certainly a missing unit.
+MIN_BYTES = 2**20
 
 
 # -- options -----------------------------------------------------------------------------------------------------------
@@ -71,40 +73,64 @@ class MemoryAmount:
 
 
 def parse_memory_amount(value: int | float | str, allow_zero: bool = False) -> MemoryAmount:
-    """Integers are bytes; strings with a unit ("6GB", "512MiB") are bytes; a bare number in (0, 1] (0.8 or "0.8")
-    is a fraction. Anything else is refused, so a typo never silently becomes a tiny or huge budget. ``allow_zero``
-    accepts 0 (a margin may be none)."""
+    """Parse a memory amount by one rule per form, so a typo is refused instead of silently becoming a tiny budget:
+
+    * an integer is bytes, and must be at least :data:`MIN_BYTES` (1 MiB): ``1`` or ``512`` is almost certainly a
+      missing unit;
+    * a float in (0, 1], or a string with a decimal point ("0.8", "1.0"), is a fraction (of the device's memory for
+      a budget, of the budget for a margin);
+    * any other string needs a unit ("6GB", "512MiB", "1.5 gb"; see :data:`UNITS`), and is then taken as written;
+      a unit-less integer string ("1", "4096") is refused, since it could mean bytes, gigabytes or the whole device.
+
+    ``allow_zero`` accepts zero in any form (0, 0.0, "0", "0MB"): a margin may be none.
+    """
     if isinstance(value, bool):
         raise ValueError(f"expected bytes, a size with a unit or a fraction, got {value!r}")
     if allow_zero and value == 0:
         return MemoryAmount(bytes=0)
     if isinstance(value, int):
-        if value <= 0:
-            raise ValueError(f"must be > 0 bytes, got {value}")
-        return MemoryAmount(bytes=value)
+        return MemoryAmount(bytes=_at_least_min_bytes(value))
     if isinstance(value, float):
         return _fraction(value)
     match = _AMOUNT.match(value)
     if match is None:
         raise ValueError(
-            f"{value!r} is not a memory amount: give bytes, a size with a unit (6GB, 512MiB) or a fraction (0.8)"
+            f"{value!r} is not a memory amount: give a size with a unit (6GB, 512MiB), bytes as an integer, or a "
+            "fraction (0.8)"
         )
-    number, unit = float(match.group(1)), match.group(2).lower()
+    digits, unit = match.group(1), match.group(2).lower()
     if unit and unit not in UNITS:
         raise ValueError(f"unknown unit {match.group(2)!r} in {value!r}; use one of {', '.join(u.upper() for u in UNITS)}")
+    number = float(digits)
     if allow_zero and number == 0:
         return MemoryAmount(bytes=0)
     if not unit:
-        return _fraction(number) if "." in match.group(1) or number <= 1 else MemoryAmount(bytes=int(number))
+        if "." not in digits:
+            raise ValueError(
+                f"{value!r} has no unit: write a size with a unit ({digits}GB, {digits}MiB), bytes as an integer "
+                "(not a string), or a fraction with a decimal point (\"0.8\"; \"1.0\" for all of it)"
+            )
+        return _fraction(number)
     amount = int(number * UNITS[unit])
     if amount <= 0:
         raise ValueError(f"must be > 0 bytes, got {value!r}")
     return MemoryAmount(bytes=amount)
 
 
+def _at_least_min_bytes(value: int) -> int:
+    if value <= 0:
+        raise ValueError(f"must be > 0 bytes, got {value}")
+    if value < MIN_BYTES:
+        raise ValueError(
+            f"an integer is a number of bytes, and {value} is below the 1 MiB ({MIN_BYTES}) minimum, almost certainly "
+            f"a missing unit: give a size with a unit (\"{value}GB\", \"{value}MiB\") or a fraction of the whole (0.8)"
+        )
+    return value
+
+
 def _fraction(value: float) -> MemoryAmount:
     if not 0 < value <= 1:
-        raise ValueError(f"a fraction must be in (0, 1], got {value}; give bytes as an integer or with a unit")
+        raise ValueError(f"a fraction must be in (0, 1], got {value}; give bytes as an integer or a size with a unit")
     return MemoryAmount(fraction=value)
 
 
@@ -114,11 +140,6 @@ def _memory_amount(_: object, attribute: attrs.Attribute, value: int | float | s
 
 def _margin_amount(_: object, attribute: attrs.Attribute, value: int | float | str) -> None:
     _named(attribute, lambda: parse_memory_amount(value, allow_zero=True))
-
-
-def _positive(_: object, attribute: attrs.Attribute, value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"{attribute.name}: must be > 0, got {value}")
 
 
 def _fraction_below_one(_: object, attribute: attrs.Attribute, value: float) -> None:
@@ -140,16 +161,18 @@ class BatchSearchOptions:
 
     #: Model names in pipeline order; empty: every model of the spec, in spec order.
     pipeline: tuple[str, ...] = ()
-    #: Bytes (int), a size with a unit ("6GB", "512MiB"), or a fraction (0.8 or "0.8") of the device's memory
-    #: (total RAM for the cpu backend). Made a hard limit where the backend can (CUDA).
+    #: A size with a unit ("6GB", "512MiB"), bytes as an integer (at least 1 MiB), or a fraction (0.8 or "0.8") of
+    #: the device's memory (total RAM for the cpu backend); see :func:`parse_memory_amount`. Made a hard limit where
+    #: the backend can (CUDA).
     memory_budget: int | float | str = attrs.field(default="0.8", validator=_memory_amount)
-    #: Kept free below the budget: bytes, a size with a unit, or a fraction of the budget. A trial whose memory
-    #: exceeds budget - margin counts as "over_budget", a failure like out-of-memory. 0: no margin.
+    #: Kept free below the budget: a size with a unit, bytes as an integer (at least 1 MiB), or a fraction of the
+    #: budget. A trial whose memory exceeds budget - margin counts as "over_budget", a failure like out-of-memory.
+    #: 0: no margin.
     safety_margin: int | float | str = attrs.field(default=0.05, validator=_margin_amount)
     #: The largest batch size tried for any stage.
-    max_batch: int = attrs.field(default=256, validator=_positive)
+    max_batch: int = attrs.field(default=256, validator=attrs.validators.gt(0))
     #: Timed seconds per stage per trial (back-to-back calls until this much time passed; at least one call).
-    trial_seconds: float = attrs.field(default=1.0, validator=_positive)
+    trial_seconds: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
     #: Stop growing a stage when doubling its batch size raised its throughput by less than this fraction;
     #: 0 disables the stop (each stage grows to its memory limit or max_batch).
     gain_threshold: float = attrs.field(default=0.05, validator=_fraction_below_one)

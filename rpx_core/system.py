@@ -40,9 +40,11 @@ class SystemCard:
     python_version: str
     host_processor_model_name: str  # the CPU's marketing name, not just the architecture
     host_processor_architecture: str
-    host_processors_per_node: int | None = None  # CPU sockets (distinct "physical id" in /proc/cpuinfo)
-    host_processor_core_count: int | None = None  # physical cores, all sockets
-    host_processor_thread_count: int | None = None  # logical CPUs
+    host_processors_per_node: int | None = None  # CPU sockets (physical packages)
+    #: Physical cores per processor (socket), as MLPerf's field of that name: all sockets' cores are
+    #: host_processors_per_node x this. None (with a gap) where the socket count is unknown.
+    host_processor_core_count: int | None = None
+    host_processor_thread_count: int | None = None  # logical CPUs, all sockets
     host_processor_frequency_mhz: float | None = None  # nominal maximum (psutil.cpu_freq().max) when the OS reports it
     host_processor_frequency_current_mhz: float | None = None  # when collected
     host_processor_governor: str | None = None  # cpufreq scaling governor of cpu0 (Linux), e.g. "performance"
@@ -61,13 +63,16 @@ class SystemCard:
     gaps: tuple[str, ...] = ()  # facts that could not be collected, and why
     precision: str | None = None
     batch_sizes: tuple[int, ...] = ()
-    input_shapes: tuple[str, ...] = ()  # e.g. "float32[1, 3, 224, 224]"
+    #: Each input as it runs: the dtype it is created with at ``precision`` (a float32 input of an fp16 job runs as
+    #: float16) and its shape as written, e.g. "float16[1, 3, 224, 224]".
+    input_shapes: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """One line for table footers."""
         parts = [self.host_processor_model_name]
-        if self.host_processor_core_count:
-            parts.append(f"{self.host_processor_core_count} cores")
+        cores, sockets = self.host_processor_core_count, self.host_processors_per_node
+        if cores:
+            parts.append(f"{sockets}x {cores} cores" if sockets and sockets > 1 else f"{cores} cores")
         if self.host_memory_capacity_gb:
             parts.append(f"{self.host_memory_capacity_gb:.0f} GB RAM")
         if self.accelerators_per_node and self.accelerator_model_name:

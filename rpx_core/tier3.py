@@ -11,15 +11,8 @@ import attrs
 
 from rpx_core.backends import MemoryPeak
 
-
-def _positive(_: object, attribute: attrs.Attribute, value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"{attribute.name} must be > 0, got {value}")
-
-
-def _non_negative(_: object, attribute: attrs.Attribute, value: float) -> None:
-    if value < 0:
-        raise ValueError(f"{attribute.name} must be >= 0, got {value}")
+_positive = attrs.validators.gt(0)
+_non_negative = attrs.validators.ge(0)
 
 
 @attrs.frozen

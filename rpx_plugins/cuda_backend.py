@@ -1,15 +1,20 @@
 """The ``cuda`` backend: torch on NVIDIA GPUs, timed with CUDA events, peak memory from the caching allocator.
 
-Precisions: fp32 (IEEE matmuls: TF32 is switched off), tf32 (fp32 storage, TF32 tensor-core matmuls and
-convolutions), fp16, bf16. The TF32 switches (``torch.backends.cuda.matmul.allow_tf32`` and
-``torch.backends.cudnn.allow_tf32``) are process-wide: ``place_model`` sets both for the job's precision.
+Precisions: fp32 (IEEE matmuls and convolutions: TF32 is switched off), tf32 (fp32 storage, TF32 tensor-core matmuls,
+convolutions and RNNs), fp16, bf16. torch's TF32 switches are process-wide, so rpx sets them only while it runs the
+model (``inference_context``, entered around timed calls) and puts back what it found on exit: a user's own later
+work runs with the user's settings. Tier 1 counting runs no kernels and needs no switch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
-from typing import Any
+import threading
+from typing import Any, Callable, Iterator
+
+import attrs
 
 from rpx_core.backends import Availability, Backend, MemoryPeak, Timer
 from rpx_core.errors import BackendUnavailable, UnsupportedError
@@ -41,12 +46,106 @@ def budget_fraction(budget_bytes: int, total_bytes: int) -> float:
     return min(1.0, budget_bytes / total_bytes)
 
 
-def set_tf32(enabled: bool) -> None:
-    """Allow TF32 tensor-core math for fp32 matmuls and cuDNN convolutions, or forbid it (IEEE fp32)."""
+#: torch 2.9+ per-operation fp32 settings under ``torch.backends`` ("ieee", "tf32", "none": inherit from the level
+#: above) that rpx writes, directly or through the legacy setters (the matmul precision also sets both matmul ones).
+FP32_PRECISION_PATHS = ("cuda.matmul", "mkldnn.matmul", "cudnn.conv", "cudnn.rnn")
+
+
+@attrs.frozen
+class Tf32Settings:
+    """torch's TF32 switches as rpx found them; None where torch refused to report one (torch 2.9+ refuses a legacy
+    setting that disagrees with a setting made through its new API)."""
+
+    matmul_precision: str | None  # torch.get_float32_matmul_precision(): "highest" (no TF32), "high" or "medium"
+    cudnn_allow_tf32: bool | None  # torch.backends.cudnn.allow_tf32
+    fp32_precision: tuple[str, ...]  # torch 2.9+: the values at FP32_PRECISION_PATHS; () for older torch
+
+
+def _fp32_precision_node(path: str) -> Any:
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = enabled
+    node = torch.backends
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _has_fp32_precision_api() -> bool:
+    import torch
+
+    return hasattr(torch.backends.cudnn, "conv")  # torch 2.9+
+
+
+def _reported(read: Callable[[], Any]) -> Any:
+    try:
+        return read()
+    except RuntimeError:  # torch 2.9+: "you have used mix of the legacy and new APIs"
+        return None
+
+
+def read_tf32_settings() -> Tf32Settings:
+    import torch
+
+    new_api = _has_fp32_precision_api()
+    return Tf32Settings(
+        matmul_precision=_reported(torch.get_float32_matmul_precision),
+        cudnn_allow_tf32=_reported(lambda: torch.backends.cudnn.allow_tf32),
+        fp32_precision=tuple(_fp32_precision_node(p).fp32_precision for p in FP32_PRECISION_PATHS) if new_api else (),
+    )
+
+
+def write_tf32(enabled: bool) -> None:
+    """Allow TF32 tensor-core math for fp32 matmuls, cuDNN convolutions and RNNs, or forbid it (IEEE fp32). Legacy and
+    new settings are written so that they agree: torch 2.9+ checks that they do before every cuBLAS matmul."""
+    import torch
+
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
     torch.backends.cudnn.allow_tf32 = enabled
+    if _has_fp32_precision_api():  # the legacy cuDNN setter leaves "none" (inherit) when forbidding: be explicit
+        for path in ("cudnn.conv", "cudnn.rnn"):
+            _fp32_precision_node(path).fp32_precision = "tf32" if enabled else "ieee"
+
+
+def restore_tf32_settings(saved: Tf32Settings) -> None:
+    """Put back what :func:`read_tf32_settings` read: the legacy settings torch reported, then the per-operation ones
+    (the legacy setters overwrite those)."""
+    import torch
+
+    if saved.matmul_precision is not None:
+        torch.set_float32_matmul_precision(saved.matmul_precision)
+    if saved.cudnn_allow_tf32 is not None:
+        torch.backends.cudnn.allow_tf32 = saved.cudnn_allow_tf32
+    for path, value in zip(FP32_PRECISION_PATHS, saved.fp32_precision):
+        _fp32_precision_node(path).fp32_precision = value
+
+
+class Tf32Switches:
+    """Sets torch's TF32 switches while at least one caller is inside :meth:`set`, and puts back what the first caller
+    to enter found when the last one leaves: batch_search runs concurrent stages in one thread each, all inside."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._saved: Tf32Settings | None = None
+
+    @contextlib.contextmanager
+    def set(self, enabled: bool) -> Iterator[None]:
+        with self._lock:
+            if self._inside == 0:
+                self._saved = read_tf32_settings()
+            self._inside += 1
+            write_tf32(enabled)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inside -= 1
+                if self._inside == 0:
+                    restore_tf32_settings(self._saved)
+
+
+#: One for the process, as the switches are.
+TF32_SWITCHES = Tf32Switches()
 
 
 def describe_devices(names: list[str]) -> str:
@@ -86,6 +185,11 @@ class CudaBackend(TorchBackend):
     description = "PyTorch on NVIDIA GPUs (CUDA events for timing, caching-allocator peaks)"
     precisions = ("fp32", "tf32", "fp16", "bf16")
 
+    def __init__(self) -> None:
+        #: Whether the precision of the last model placed computes fp32 in TF32; None until a model is placed. One
+        #: value, not one per device: the switches are process-wide, and a run has one precision.
+        self._tf32: bool | None = None
+
     def probe(self) -> Availability:
         if importlib.util.find_spec("torch") is None:
             return Availability(False, "torch is not installed")
@@ -103,8 +207,17 @@ class CudaBackend(TorchBackend):
 
     def place_model(self, model: Any, precision: str, device: str) -> Any:
         self.check_device(device)
-        set_tf32(precision == "tf32")
-        return super().place_model(model, precision, device)
+        placed = super().place_model(model, precision, device)
+        self._tf32 = precision == "tf32"
+        return placed
+
+    @contextlib.contextmanager
+    def inference_context(self) -> Iterator[None]:
+        """Inference mode, with the TF32 switches of the last placed model's precision set on entry and put back on
+        exit (left alone when no model was placed)."""
+        switches = contextlib.nullcontext() if self._tf32 is None else TF32_SWITCHES.set(self._tf32)
+        with switches, super().inference_context():
+            yield
 
     def check_device(self, device: str) -> None:
         import torch

@@ -1,10 +1,14 @@
-"""Peak memory of one region of this process, and recognising out-of-memory errors, for the backends.
+"""Memory helpers every backend shares: the host's peak memory over one region (cpu, and jax on the CPU), the
+background :class:`MemorySampler` (also behind the mps backend's sampled peaks), and out-of-memory recognition:
+:func:`raised_for` follows an exception's cause/context chain for a runtime's error types or messages (cpu, cuda and
+mps all use it, since libraries wrap a runtime's out-of-memory error in their own).
 
-Linux: writing "5" to ``/proc/self/clear_refs`` resets the kernel's peak-RSS counter (VmHWM in ``/proc/self/status``)
-to the current RSS, so VmHWM read after the region is the region's peak, exact to the page, with no thread running
-beside the measured code. Where that file is not writable (macOS, locked-down containers) a background thread samples
-RSS every millisecond and the result says ``sampled=True``: a spike shorter than the interval can be missed. Either
-way the peak is the process's whole RSS during the region (model and inputs included), never the peak since start.
+Host peak on Linux: writing "5" to ``/proc/self/clear_refs`` resets the kernel's peak-RSS counter (VmHWM in
+``/proc/self/status``) to the current RSS, so VmHWM read after the region is the region's peak, exact to the page, with
+no thread running beside the measured code. Where that file is not writable (macOS, locked-down containers) a
+background thread samples RSS every millisecond and the result says ``sampled=True``: a spike shorter than the
+interval can be missed. Either way the peak is the process's whole RSS during the region (model and inputs included),
+never the peak since start.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The built-in ``measure_latency`` stage: per-call latency at batch 1, throughput per batch size, peak memory.
 
-Framework-agnostic: it uses only the backend contract (timer, synchronize, peak memory, out-of-memory recognition) and
-the context's model and inputs, which are built before any warm-up so no tracing or counting runs in a timed call.
-Latency samples are single synchronised calls at batch 1; throughput times many back-to-back calls at each batch size
-as one region. A batch's time is never divided into per-sample "latencies".
+Framework-agnostic: it uses only the backend contract (inputs, timer, synchronize, peak memory, out-of-memory
+recognition) and the context's model. Model and inputs are built before any warm-up, so no tracing or counting runs in
+a timed call. Latency samples are single synchronised calls at batch 1; throughput times many back-to-back calls at
+each batch size as one region, with that size's inputs made for its row and dropped after it, so a row's peak memory
+holds no other row's inputs. A batch's time is never divided into per-sample "latencies".
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import statistics
 import time
 from typing import Any, Callable, Iterator
 
@@ -68,7 +68,7 @@ def warm_up(call: Callable[[], Any], synchronize: Callable[[], None], calls: int
         call()
         synchronize()
         durations.append(clock() - begin)
-    median = statistics.median(durations) if durations else None
+    median = stats.percentile(durations, 50) if durations else None
     return WarmUp(len(durations), clock() - started, median)
 
 
@@ -109,9 +109,13 @@ def throughput_calls(options: LatencyOptions, median_call_seconds: float | None)
 
 
 def measure_throughput(ctx: StageContext, batch_size: int, options: LatencyOptions, timer: Timer) -> ThroughputResult:
-    """Warm up at ``batch_size``, then time back-to-back calls: samples/s = calls * batch_size / seconds."""
-    backend, device = ctx.backend, ctx.job.device
-    call = model_call(backend, ctx.model(), *ctx.inputs(batch_size))
+    """Warm up at ``batch_size``, then time back-to-back calls: samples/s = calls * batch_size / seconds.
+
+    The inputs are made here and die with this frame, not cached in ``ctx`` (``ctx.inputs`` would keep every batch
+    size's inputs, and each later row's peak memory would include all of them)."""
+    backend, job = ctx.backend, ctx.job
+    device = job.device
+    call = model_call(backend, ctx.model(), *backend.make_inputs(job.model, batch_size, job.precision, device))
     warm = warm_up(call, lambda: backend.synchronize(device), options.warmup_calls, options.warmup_seconds)
     calls = throughput_calls(options, warm.median_call_seconds)
     backend.reset_peak_memory(device)

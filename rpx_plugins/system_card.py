@@ -21,11 +21,13 @@ import attrs
 
 from rpx_core.context import StageContext
 from rpx_core.hookspecs import hookimpl
+from rpx_core.spec import InputSpec
 from rpx_core.system import AcceleratorCard, SystemCard
 
 FRAMEWORKS = ("torch", "numpy", "jax", "jaxlib", "flax")
 THREAD_ENVIRONMENT = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
-GOVERNOR = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
+SYSFS_CPUS = Path("/sys/devices/system/cpu")
+GOVERNOR = SYSFS_CPUS / "cpu0/cpufreq/scaling_governor"
 CPUINFO = Path("/proc/cpuinfo")
 #: NVML clock event ("throttle") reason bits, as nvml.h defines nvmlClocksEventReason* / nvmlClocksThrottleReason*.
 NVML_CLOCK_EVENT_REASONS = {
@@ -56,25 +58,50 @@ def cpuinfo_values(*keys: str) -> list[str]:
     return values
 
 
+def sysctl(name: str) -> str | None:
+    """A macOS sysctl value; None elsewhere or where it cannot be read."""
+    if sys.platform != "darwin":
+        return None
+    try:
+        return subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=5, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def cpu_model_name() -> str:
     """The CPU's marketing name: /proc/cpuinfo on Linux, sysctl on macOS, platform.processor() elsewhere."""
     names = cpuinfo_values("model name", "Model", "Hardware")
     if names:
         return names[0]
-    if sys.platform == "darwin":
-        try:
-            return subprocess.run(
-                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5, check=True
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return platform.processor() or platform.machine()
+    return sysctl("machdep.cpu.brand_string") or platform.processor() or platform.machine()
 
 
 def cpu_sockets() -> int | None:
-    """Distinct physical package ids in /proc/cpuinfo; None where it does not say."""
+    """CPU sockets (physical packages): distinct "physical id" in /proc/cpuinfo, else distinct physical_package_id in
+    sysfs (Linux on ARM has no "physical id"), else sysctl hw.packages (macOS); None where none says."""
     ids = set(cpuinfo_values("physical id"))
-    return len(ids) or None
+    if not ids:
+        for topology in SYSFS_CPUS.glob("cpu[0-9]*/topology/physical_package_id"):
+            try:
+                ids.add(topology.read_text().strip())
+            except OSError:
+                continue
+    if ids:
+        return len(ids)
+    packages = sysctl("hw.packages")
+    return int(packages) if packages and packages.isdigit() else None
+
+
+def cores_per_processor(physical_cores: int | None, sockets: int | None) -> tuple[int | None, tuple[str, ...]]:
+    """MLPerf's host_processor_core_count: physical cores per socket (all sockets of a node hold the same CPU), with
+    the gap that explains a missing figure."""
+    if physical_cores is None:
+        return None, ("CPU cores per processor: the OS does not report physical cores",)
+    if sockets is None:
+        return None, (f"CPU cores per processor: {physical_cores} physical cores, but the socket count is unknown",)
+    if physical_cores % sockets:
+        return None, (f"CPU cores per processor: {physical_cores} physical cores do not divide among {sockets} sockets",)
+    return physical_cores // sockets, ()
 
 
 def cpu_governor() -> str | None:
@@ -288,6 +315,8 @@ def machine_card(framework: str | None = None) -> SystemCard:
 
     governor = cpu_governor()
     max_mhz, current_mhz = cpu_frequency_mhz()
+    sockets = cpu_sockets()
+    cores, core_gaps = cores_per_processor(psutil.cpu_count(logical=False), sockets)
     found = accelerators(framework)
     jax_listed, jax_gaps = jax_devices(framework)
     return SystemCard(
@@ -295,8 +324,8 @@ def machine_card(framework: str | None = None) -> SystemCard:
         python_version=platform.python_version(),
         host_processor_model_name=cpu_model_name(),
         host_processor_architecture=platform.machine(),
-        host_processors_per_node=cpu_sockets(),
-        host_processor_core_count=psutil.cpu_count(logical=False),
+        host_processors_per_node=sockets,
+        host_processor_core_count=cores,
         host_processor_thread_count=psutil.cpu_count(logical=True),
         host_processor_frequency_mhz=max_mhz,
         host_processor_frequency_current_mhz=current_mhz,
@@ -311,12 +340,40 @@ def machine_card(framework: str | None = None) -> SystemCard:
         accelerator_memory_capacity_gb=found.cards[0].memory_capacity_gb if found.cards else None,
         accelerators=found.cards,
         jax_devices=jax_listed,
-        gaps=host_gaps(governor, max_mhz) + found.gaps + jax_gaps,
+        gaps=host_gaps(governor, max_mhz) + core_gaps + found.gaps + jax_gaps,
     )
 
 
+def input_dtype_name(framework: str, spec_input: InputSpec, precision: str) -> str | None:
+    """The dtype ``spec_input`` is created with at ``precision``, by the backend's own rule: floating inputs follow an
+    executable precision (float32 as written, float16 at fp16), the others keep theirs (JAX without x64 narrows int64
+    to int32). None for a framework whose rule rpx does not know."""
+    if framework == "torch":
+        from rpx_plugins.torch_backend import input_dtype
+
+        return str(input_dtype(spec_input, precision)).removeprefix("torch.")
+    if framework == "jax":
+        from rpx_plugins.jax_backend import EXECUTION_DTYPES, input_dtype
+
+        if precision not in EXECUTION_DTYPES:  # counted, never run: the inputs stay as written
+            return spec_input.dtype
+        return str(input_dtype(spec_input, precision))
+    return None
+
+
 def describe_inputs(ctx: StageContext) -> tuple[str, ...]:
-    return tuple(f"{i.dtype}{list(i.shape)}" + (f" ({i.name})" if i.name else "") for i in ctx.job.model.inputs)
+    """Each input as it runs, e.g. "float16[1, 3, 224, 224]" for a float32 input of an fp16 job; "(dtype as written)"
+    where the backend's framework is not one whose rule rpx knows."""
+    model, framework, precision = ctx.job.model, ctx.backend.framework, ctx.job.precision
+    if model.input_factory:
+        return (f"made by input_factory {model.input_factory}",)
+    described = []
+    for spec_input in model.inputs:
+        dtype = input_dtype_name(framework, spec_input, precision)
+        text = f"{dtype or spec_input.dtype}{list(spec_input.shape)}"
+        text += f" ({spec_input.name})" if spec_input.name else ""
+        described.append(text + (" (dtype as written)" if dtype is None else ""))
+    return tuple(described)
 
 
 @hookimpl(trylast=True)

@@ -322,18 +322,49 @@ def test_seed_queries_on_the_result():
 
 @pytest.mark.parametrize(
     ("value", "bytes_", "fraction"),
-    [(6_000_000_000, 6 * 10**9, None), ("6GB", 6 * 10**9, None), ("512MiB", 512 * 2**20, None),
-     ("1.5 gb", 15 * 10**8, None), ("0.8", None, 0.8), (0.8, None, 0.8), ("1", None, 1.0), ("4096", 4096, None)],
-)  # fmt: skip
+    [
+        (6_000_000_000, 6 * 10**9, None),  # an integer is bytes
+        (2**20, 2**20, None),  # the smallest integer taken: 1 MiB
+        ("6GB", 6 * 10**9, None),  # a string with a unit: decimal...
+        ("512MiB", 512 * 2**20, None),  # ... or binary, case-insensitive, spaces allowed
+        ("1.5 gb", 15 * 10**8, None),
+        ("512B", 512, None),  # a unit says what was meant, however small
+        ("0.8", None, 0.8),  # a float or a string with a decimal point is a fraction
+        (0.8, None, 0.8),
+        ("1.0", None, 1.0),
+        (1.0, None, 1.0),
+        (".5", None, 0.5),
+    ],
+)
 def test_memory_amounts(value, bytes_, fraction):
     amount = parse_memory_amount(value)
     assert (amount.bytes, amount.fraction) == (bytes_, fraction)
     assert amount.resolve(lambda: 10_000) == (bytes_ if bytes_ is not None else int(fraction * 10_000))
 
 
-@pytest.mark.parametrize("value", ["1.5", "-3GB", "12 parsecs", "", 0, -1, 1.5, True])
-def test_bad_memory_amounts_are_refused(value):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (1, "1 is below the 1 MiB \\(1048576\\) minimum, .* missing unit: .*\"1GB\""),  # 1 byte is never meant
+        (512, "512 is below the 1 MiB"),
+        (2**20 - 1, "1048575 is below the 1 MiB"),
+        ("1", "'1' has no unit: write a size with a unit \\(1GB, 1MiB\\)"),  # bytes? gigabytes? the whole device?
+        ("512", "'512' has no unit"),
+        ("4096", "'4096' has no unit"),
+        ("1.5", "a fraction must be in \\(0, 1\\], got 1.5"),
+        (1.5, "a fraction must be in \\(0, 1\\], got 1.5"),
+        (6e9, "a fraction must be in"),  # TOML's 6e9 is a float: not taken as bytes
+        ("-3GB", "is not a memory amount"),
+        ("12 parsecs", "unknown unit 'parsecs'"),
+        ("", "is not a memory amount"),
+        (0, "must be > 0 bytes, got 0"),
+        (-1, "must be > 0 bytes, got -1"),
+        ("0GB", "must be > 0 bytes"),
+        (True, "expected bytes, a size with a unit or a fraction"),
+    ],
+)
+def test_bad_memory_amounts_are_refused(value, message):
+    with pytest.raises(ValueError, match=message):
         parse_memory_amount(value)
 
 
@@ -348,11 +379,18 @@ def test_options_from_a_spec_table():
         structure({"memory_budget": "6 parsecs"}, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
     with pytest.raises(SpecError, match="options.batch_search: .*gain_threshold: must be in"):
         structure({"gain_threshold": 1.5}, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
+    with pytest.raises(SpecError, match="options.batch_search: .*memory_budget: '8' has no unit"):
+        structure({"memory_budget": "8"}, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
+    with pytest.raises(SpecError, match="options.batch_search: .*safety_margin: an integer is a number of bytes, and 512 is below"):
+        structure({"safety_margin": 512}, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
+    with pytest.raises(SpecError, match="options.batch_search: .*'max_batch' must be > 0: 0"):
+        structure({"max_batch": 0}, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
 
 
 def test_result_round_trips_through_toml():
-    import tomli_w
     import tomllib
+
+    import tomli_w
 
     from rpx_core.results import converter, to_data
 

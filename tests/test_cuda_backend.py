@@ -1,9 +1,14 @@
-"""The cuda and mps backends: their logic on any machine (the real unavailable path here), and real GPU checks marked
-``cuda`` that run where an NVIDIA GPU is present (scripts/gpu_check.sh)."""
+"""The cuda backend: its logic on any machine (the real unavailable path here, TF32 switches included: torch lets
+them be set without a GPU), and real GPU checks marked ``cuda`` that run where an NVIDIA GPU is present
+(scripts/gpu_check.sh)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +17,7 @@ from rpx_core.context import Job, StageContext
 from rpx_core.errors import UnsupportedError
 from rpx_core.spec import InputSpec, ModelSpec
 from rpx_core.tier3 import LatencyOptions
-from rpx_plugins import cuda_backend, mps_backend
+from rpx_plugins import cuda_backend
 from rpx_plugins.cuda_backend import (
     CudaBackend,
     budget_fraction,
@@ -20,7 +25,7 @@ from rpx_plugins.cuda_backend import (
     device_index,
 )
 from rpx_plugins.latency import measure_latency
-from rpx_plugins.mps_backend import MpsBackend
+from rpx_plugins.torch_backend import TorchBackend
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch.cuda.is_available() is False)")
 MIB = 1024 * 1024
@@ -62,15 +67,108 @@ def test_budget_becomes_a_fraction_of_the_device():
         budget_fraction(0, total)
 
 
-def test_tf32_switches_follow_the_precision():
-    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+#: Reads every TF32 setting through torch's own getters ("refused" where torch raises because legacy and new
+#: settings disagree), in a fresh interpreter per starting state: the settings are process-wide, and some starting
+#: states are ones in which torch refuses to report them, which no other test should inherit.
+TF32_PROBE = """
+import json, sys, torch
+from rpx_plugins.cuda_backend import TF32_SWITCHES
+
+NEW_API = ("fp32_precision", "cuda.matmul.fp32_precision", "cudnn.fp32_precision", "cudnn.conv.fp32_precision",
+           "cudnn.rnn.fp32_precision", "mkldnn.fp32_precision", "mkldnn.matmul.fp32_precision",
+           "mkldnn.conv.fp32_precision", "mkldnn.rnn.fp32_precision")
+
+def read(path):
+    value = torch
     try:
-        cuda_backend.set_tf32(True)
-        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (True, True)
-        cuda_backend.set_tf32(False)
-        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (False, False)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+        for part in path.split("."):
+            value = getattr(value, part)
+        return value() if callable(value) else value
+    except RuntimeError:
+        return "refused"
+
+def snapshot():
+    paths = ["get_float32_matmul_precision", "backends.cuda.matmul.allow_tf32", "backends.cudnn.allow_tf32"]
+    if hasattr(torch.backends.cudnn, "conv"):
+        paths += ["backends." + path for path in NEW_API]
+    return {path: read(path) for path in paths}
+
+exec(sys.argv[1])
+found = {"before": snapshot()}
+for enabled in (True, False):
+    with TF32_SWITCHES.set(enabled):
+        found[f"inside {enabled}"] = snapshot()
+    found[f"after {enabled}"] = snapshot()
+print(json.dumps(found))
+"""
+NEW_TF32_API = hasattr(torch.backends.cudnn, "conv")  # torch 2.9+: per-operation fp32_precision settings
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        "",  # torch's defaults: IEEE matmuls, TF32 cuDNN convolutions
+        "torch.set_float32_matmul_precision('medium')",  # a value the legacy allow_tf32 flag cannot express
+        "torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = False",
+        pytest.param(
+            "torch.backends.cuda.matmul.fp32_precision = 'tf32'; torch.backends.cudnn.conv.fp32_precision = 'ieee'",
+            marks=pytest.mark.skipif(not NEW_TF32_API, reason="torch before 2.9 has no fp32_precision settings"),
+        ),
+    ],
+    ids=["defaults", "medium matmul precision", "legacy flags", "new API"],
+)
+def test_tf32_switches_are_set_inside_and_put_back_after(setup):
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", TF32_PROBE, setup], capture_output=True, text=True, check=True, cwd=root)
+    found = json.loads(out.stdout)
+    before = found["before"]
+    for enabled in (True, False):
+        inside = found[f"inside {enabled}"]
+        # torch's checked getters answer (legacy and new settings agree, as cuBLAS requires) and say what was asked
+        assert inside["backends.cuda.matmul.allow_tf32"] is enabled
+        assert inside["backends.cudnn.allow_tf32"] is enabled
+        assert inside["get_float32_matmul_precision"] == ("high" if enabled else "highest")
+        if NEW_TF32_API:
+            for op in ("cuda.matmul", "cudnn.conv", "cudnn.rnn"):
+                assert inside[f"backends.{op}.fp32_precision"] == ("tf32" if enabled else "ieee")
+        after = found[f"after {enabled}"]
+        # everything torch reported before is back; a legacy setting it refused to report stays as rpx set it
+        assert {key: value for key, value in after.items() if before[key] != "refused"} == {
+            key: value for key, value in before.items() if value != "refused"
+        }
+    if "fp32_precision" in setup:
+        assert before["backends.cuda.matmul.allow_tf32"] == "refused"  # the premise: the mixed state torch refuses
+
+
+def test_switches_are_put_back_when_the_last_of_overlapping_users_leaves():
+    """Concurrent batch_search stages enter from their own threads; the entries overlap without nesting."""
+    before = cuda_backend.read_tf32_settings()
+    first, second = cuda_backend.TF32_SWITCHES.set(True), cuda_backend.TF32_SWITCHES.set(True)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32  # the second still runs
+    second.__exit__(None, None, None)
+    assert cuda_backend.read_tf32_settings() == before
+
+
+def test_cuda_backend_sets_tf32_only_inside_its_inference_context(monkeypatch):
+    """Placement records the precision and changes no switch; the context sets and restores them, even when the
+    model raises. Placement itself is stubbed: it needs a GPU, and only the switches are under test."""
+    monkeypatch.setattr(CudaBackend, "check_device", lambda self, device: None)
+    monkeypatch.setattr(TorchBackend, "place_model", lambda self, model, precision, device: model)
+    backend = CudaBackend()
+    before = cuda_backend.read_tf32_settings()
+    with backend.inference_context():
+        assert cuda_backend.read_tf32_settings() == before  # no model placed yet: nothing to set
+    for precision, tf32 in (("tf32", True), ("fp32", False), ("fp16", False)):
+        backend.place_model(torch.nn.Identity(), precision, "cuda:0")
+        assert cuda_backend.read_tf32_settings() == before
+        with pytest.raises(ValueError, match="the model failed"), backend.inference_context():
+            assert torch.is_inference_mode_enabled()
+            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (tf32, tf32)
+            raise ValueError("the model failed")
+        assert cuda_backend.read_tf32_settings() == before and not torch.is_inference_mode_enabled()
 
 
 def test_cuda_out_of_memory_is_recognised_directly_and_wrapped():
@@ -89,34 +187,6 @@ def test_cuda_out_of_memory_is_recognised_directly_and_wrapped():
     with pytest.raises(RuntimeError) as cpu_oom:
         torch.empty(10**15, dtype=torch.uint8)
     assert not backend.is_out_of_memory(cpu_oom.value)  # the host ran out, not the GPU
-
-
-def test_backends_register_with_their_precisions():
-    (cuda,) = cuda_backend.rpx_register_backends()
-    (mps,) = mps_backend.rpx_register_backends()
-    assert (cuda.name, cuda.precisions) == ("cuda", ("fp32", "tf32", "fp16", "bf16"))
-    assert (mps.name, mps.precisions) == ("mps", ("fp32", "fp16", "bf16"))
-
-
-@pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has an MPS device")
-def test_unavailable_mps_says_why():
-    availability = MpsBackend().availability
-    assert not availability.available
-    if not torch.backends.mps.is_built():
-        assert "built without MPS" in availability.reason
-    else:
-        assert availability.reason.startswith("no MPS device")
-
-
-def test_mps_out_of_memory_is_recognised_by_its_message():
-    backend = MpsBackend()
-    assert backend.is_out_of_memory(RuntimeError("MPS backend out of memory (MPS allocated: 17.00 GB, other allocations: 1.00 GB)"))
-    assert not backend.is_out_of_memory(RuntimeError("Placeholder storage has not been allocated on MPS device!"))
-
-
-def test_mps_peak_without_a_region_is_not_a_number():
-    peak = MpsBackend().read_peak_memory("mps")
-    assert peak.peak_bytes is None and peak.method.startswith("not measured")
 
 
 # -- real GPU ------------------------------------------------------------------------------------------------------------
@@ -175,11 +245,15 @@ def test_budget_turns_into_a_real_out_of_memory():
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16"])
 def test_latency_stage_on_the_gpu(precision):
     model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024))
+    seen = set()  # the TF32 switches during each call (the hook is shared by the copy rpx places)
+    model.register_forward_pre_hook(lambda *_: seen.add((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)))
     spec = ModelSpec(name="mlp", source="tests:handmade", inputs=(InputSpec((1, 1024)),))
     options = LatencyOptions(warmup_seconds=0.2, min_samples=200, throughput_seconds=0.2)
     job = Job(spec, "cuda", "cuda:0", precision, ("measure_latency",), {"measure_latency": options}, (), (1, 64))
+    before = cuda_backend.read_tf32_settings()
     result = measure_latency(StageContext(job, CudaBackend(), plugins=None, gpu_catalog=None, model_object=model))
-    assert torch.backends.cuda.matmul.allow_tf32 == (precision == "tf32")
+    assert seen == {(precision == "tf32",) * 2}
+    assert cuda_backend.read_tf32_settings() == before
     assert result.clock == cuda_backend.CudaEventTimer.clock
     assert 0 < result.p50_ms < 50 and result.unclaimed_percentiles == ("p99",)
     assert result.peak_memory.peak_bytes > 0 and not result.peak_memory.sampled

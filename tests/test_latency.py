@@ -1,18 +1,20 @@
 """The measure_latency stage on real torch models on the CPU, with a hand-built StageContext.
 
 Models that sleep a known time make the expected figures computable: a call that sleeps 2 ms has a 2 ms latency at
-batch 1 whatever the batch sizes, and processes ``batch / 2 ms`` samples per second. Sleep overshoots by well under
-1 ms on Linux, which sets the tolerances.
+batch 1 whatever the batch sizes, and processes ``batch / 2 ms`` samples per second. A sleep never ends early, so
+those are hard bounds on one side; on the other, a loaded machine (two busy cores in CI) can stretch a 2 ms sleep
+many times over, so upper bounds on time are generous and only catch a different order of magnitude (per-sample
+instead of per-call figures, a loop that does not stop).
 """
 
 from __future__ import annotations
 
 import time
+import tomllib
 
 import numpy as np
 import pytest
 import tomli_w
-import tomllib
 import torch
 
 from rpx_core import stats
@@ -57,9 +59,10 @@ def context(model: torch.nn.Module, options: LatencyOptions, batch_sizes: tuple[
 def test_latency_is_per_call_at_batch_1_and_throughput_is_per_batch():
     model = Sleeper(0.002)
     options = LatencyOptions(min_samples=64, keep_samples=True, **FAST)
-    result = latency.measure_latency(context(model, options, batch_sizes=(1, 8)))
+    ctx = context(model, options, batch_sizes=(1, 8))
+    result = latency.measure_latency(ctx)
     assert result.samples_count == 64 and result.stopped_by == "min_samples" and result.measured_batch_size == 1
-    assert 2.0 <= result.p50_ms < 6.0  # one call (never under the 2 ms sleep; slack for a loaded machine), not 2 ms / 8
+    assert 2.0 <= result.p50_ms < 50.0  # one call (never under the 2 ms sleep), not 2 ms / 8 = 0.25 ms
     # every summary figure is what numpy computes from the kept samples
     samples = np.array(result.samples_ms)
     assert len(samples) == 64
@@ -77,14 +80,14 @@ def test_latency_is_per_call_at_batch_1_and_throughput_is_per_batch():
     for row in (one, eight):
         assert row.samples_per_s == pytest.approx(row.calls * row.batch_size / row.seconds, rel=1e-12)
         assert row.calls >= 3 and row.peak_memory is not None and row.error is None
-    assert 8 / 0.006 < eight.samples_per_s <= 8 / 0.002
-    assert 1 / 0.006 < one.samples_per_s <= 1 / 0.002
-    assert model.inference_mode_seen == {True}
+    assert 8 / 0.05 < eight.samples_per_s <= 8 / 0.002  # batch / call time, and a call takes at least 2 ms
+    assert 1 / 0.05 < one.samples_per_s <= 1 / 0.002
+    assert ctx.model().inference_mode_seen == {True}  # the placed copy of the model is what ran
 
 
 def test_complete_result_for_a_small_mlp_round_trips_through_toml():
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
-    ctx = context(model, LatencyOptions(**FAST), batch_sizes=(1, 4), features=64)
+    ctx = context(model, LatencyOptions(max_seconds=120.0, **FAST), batch_sizes=(1, 4), features=64)  # 662 samples
     ctx.results["system_card"] = machine_card("torch")
     result = latency.measure_latency(ctx)
     assert result.samples_count == 662 and result.unclaimed_percentiles == ()
@@ -101,11 +104,14 @@ def test_complete_result_for_a_small_mlp_round_trips_through_toml():
 
 
 def test_time_cap_stops_sampling_and_says_so():
-    options = LatencyOptions(min_samples=10_000, max_seconds=0.05, **FAST)
-    result = latency.measure_latency(context(Sleeper(0.002), options))
+    options = LatencyOptions(min_samples=10_000, max_seconds=0.2, keep_samples=True, **FAST)
+    result = latency.measure_latency(context(Sleeper(0.01), options))
     assert result.stopped_by == "max_seconds"
-    assert 0.05 <= result.sampling_seconds < 0.1
-    assert 10 <= result.samples_count < 30
+    assert 0.2 <= result.sampling_seconds < 2.0  # never before the cap; a stuck loop would run to 10_000 samples
+    # every call takes at least 10 ms, so the cap is reached after 0.2 s / 10 ms = 20 calls at most (+1 for rounding)
+    assert result.min_ms >= 10.0
+    assert result.samples_count <= 21
+    assert sum(result.samples_ms) / 1e3 <= result.sampling_seconds
     assert result.unclaimed_percentiles == ("p90", "p95", "p99")
     assert result.p90_ms is None
 
@@ -117,8 +123,9 @@ def test_one_sample_is_always_taken():
 
 
 def test_warm_up_meets_both_its_count_and_its_time():
-    by_time = latency.warm_up(lambda: time.sleep(0.001), lambda: None, calls=3, seconds=0.05)
-    assert by_time.seconds >= 0.05 and by_time.calls > 3
+    by_time = latency.warm_up(lambda: time.sleep(0.001), lambda: None, calls=1, seconds=0.2)
+    assert by_time.seconds >= 0.2 and by_time.calls > 1  # the time kept it going after the count was met
+    assert by_time.median_call_seconds >= 0.001
     by_count = latency.warm_up(lambda: None, lambda: None, calls=30, seconds=0.0)
     assert by_count.calls == 30
     none = latency.warm_up(lambda: None, lambda: None, calls=0, seconds=0.0)
@@ -130,6 +137,24 @@ def test_throughput_call_count_fills_the_time_asked_for():
     assert latency.throughput_calls(options, 0.01) == 100
     assert latency.throughput_calls(options, 0.5) == 10
     assert latency.throughput_calls(options, None) == 10
+
+
+class Mean(torch.nn.Module):
+    """Reads its whole input and returns one number, so its inputs are nearly all the memory a call holds."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean()
+
+
+def test_a_throughput_row_holds_only_its_own_inputs():
+    features = 2**19  # float32: 2 MiB per sample, so 128 MiB at batch 64 (big tensors are returned to the OS on free)
+    options = LatencyOptions(min_samples=5, **FAST)
+    result = latency.measure_latency(context(Mean(), options, batch_sizes=(64, 1), features=features))
+    big, small = result.throughput
+    assert (big.batch_size, small.batch_size) == (64, 1)
+    # the batch-64 inputs were freed before the batch-1 row: its peak is lower by their size, less batch 1's
+    difference = big.peak_memory.peak_bytes - small.peak_memory.peak_bytes
+    assert difference == pytest.approx((64 - 1) * features * 4, abs=20 * 10**6)  # RSS noise as in test_host_memory
 
 
 def test_out_of_memory_at_a_batch_size_is_recorded_and_larger_ones_skipped():
@@ -153,15 +178,15 @@ def test_noise_warning_names_the_spread():
 
 
 def test_options_are_validated():
-    with pytest.raises(ValueError, match="min_samples must be > 0"):
+    with pytest.raises(ValueError, match="'min_samples' must be > 0: 0"):
         LatencyOptions(min_samples=0)
-    with pytest.raises(ValueError, match="warmup_seconds must be >= 0"):
+    with pytest.raises(ValueError, match="'warmup_seconds' must be >= 0: -1"):
         LatencyOptions(warmup_seconds=-1)
     where = {"where": "s.toml", "base_path": "options.measure_latency"}
     assert structure({"min_samples": 130, "keep_samples": True}, LatencyOptions, **where) == LatencyOptions(min_samples=130, keep_samples=True)
     with pytest.raises(SpecError, match="options.measure_latency: unknown key 'min_sample'; did you mean 'min_samples'"):
         structure({"min_sample": 130}, LatencyOptions, **where)
-    with pytest.raises(SpecError, match="options.measure_latency: .*max_seconds must be > 0, got 0"):
+    with pytest.raises(SpecError, match="options.measure_latency: .*'max_seconds' must be > 0: 0"):
         structure({"max_seconds": 0}, LatencyOptions, **where)
 
 

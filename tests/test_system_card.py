@@ -6,13 +6,15 @@ import os
 import platform
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
+import psutil
 import pytest
 import tomli_w
-import tomllib
 import torch
 
+from rpx_core.backends import Backend
 from rpx_core.context import Job, StageContext
 from rpx_core.convert import converter
 from rpx_core.results import to_data
@@ -44,10 +46,29 @@ def test_cpu_is_named_not_just_the_architecture():
     assert card.host_processor_model_name != platform.machine()
 
 
+def lscpu_value(key: str) -> int | None:
+    """A count lscpu (util-linux) reports, e.g. "Socket(s)"; None where lscpu is missing or does not say."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == key and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
 def test_host_counts_and_memory_match_the_os():
     card = system_card.machine_card("torch")
     assert card.host_processor_thread_count == os.cpu_count()
-    assert 1 <= card.host_processor_core_count <= card.host_processor_thread_count
+    sockets, per_socket = lscpu_value("Socket(s)"), lscpu_value("Core(s) per socket")
+    if sockets is not None and per_socket is not None:
+        # MLPerf's host_processor_core_count is per processor (socket), as lscpu's "Core(s) per socket"
+        assert (card.host_processors_per_node, card.host_processor_core_count) == (sockets, per_socket)
+        assert f"{per_socket} cores" in card.summary()
+    elif card.host_processor_core_count is not None:  # no lscpu: at least consistent with the total psutil counts
+        assert card.host_processors_per_node * card.host_processor_core_count == psutil.cpu_count(logical=False)
     mem_total = proc_value("/proc/meminfo", "MemTotal")
     if mem_total is not None:
         assert card.host_memory_capacity_gb == pytest.approx(int(mem_total.split()[0]) * 1024 / 1e9, abs=0.01)
@@ -93,17 +114,60 @@ def test_uuids_from_torch_and_nvml_normalise_alike():
     assert system_card.normalize_uuid(b"GPU-58F6EA4C-1234") == system_card.normalize_uuid("58f6ea4c-1234")
 
 
+def test_cores_per_processor_is_said_missing_rather_than_guessed():
+    assert system_card.cores_per_processor(16, 2) == (8, ())
+    for physical, sockets, gap in [(None, 1, "does not report"), (16, None, "socket count is unknown"), (15, 2, "divide")]:
+        cores, gaps = system_card.cores_per_processor(physical, sockets)
+        assert cores is None and len(gaps) == 1 and gap in gaps[0]
+
+
+def dtypes_made(backend: object, spec: ModelSpec, precision: str, device: str) -> list[str]:
+    """The dtypes of the inputs the backend really creates, by name (positional first), as numpy/torch spell them."""
+    args, kwargs = backend.make_inputs(spec, None, precision, device)
+    return [str(value.dtype).removeprefix("torch.") for value in (*args, *kwargs.values())]
+
+
+INPUTS = (InputSpec((1, 3, 32, 32)), InputSpec((1, 8), "int64", name="ids"))
+
+
 def test_stage_adds_the_job_settings_and_round_trips_through_toml():
-    spec = ModelSpec(name="m", source="x:y", inputs=(InputSpec((1, 3, 32, 32)), InputSpec((1, 8), "int64", name="ids")))
+    spec = ModelSpec(name="m", source="x:y", inputs=INPUTS)
     job = Job(spec, "cpu", "cpu", "bf16", ("system_card",), {}, (), (1, 8))
     card = system_card.rpx_system_card(StageContext(job, CpuBackend(), plugins=None, gpu_catalog=None))
     assert (card.precision, card.batch_sizes) == ("bf16", (1, 8))
-    assert card.input_shapes == ("float32[1, 3, 32, 32]", "int64[1, 8] (ids)")
+    # what runs, not what the spec wrote: the float32 input runs as bfloat16, the token ids stay int64
+    floating, ids = dtypes_made(CpuBackend(), spec, "bf16", "cpu")
+    assert (floating, ids) == ("bfloat16", "int64")
+    assert card.input_shapes == (f"{floating}[1, 3, 32, 32]", f"{ids}[1, 8] (ids)")
     assert card.threads["torch_intra_op"] == torch.get_num_threads()
     summary = card.summary()
     assert summary.startswith(card.host_processor_model_name) and "bf16" in summary
     assert f"torch {torch.__version__}" in summary
     assert converter.structure(tomllib.loads(tomli_w.dumps(to_data(card))), SystemCard) == card
+
+
+def test_inputs_of_a_jax_job_are_described_as_jax_makes_them():
+    from rpx_plugins.jax_backend import JaxBackend
+
+    spec = ModelSpec(name="m", source="x:y", inputs=INPUTS)
+    job = Job(spec, "jax", "cpu:0", "fp16", ("system_card",), {}, (), (1,))
+    card = system_card.rpx_system_card(StageContext(job, JaxBackend(), plugins=None, gpu_catalog=None))
+    floating, ids = dtypes_made(JaxBackend(), spec, "fp16", "cpu:0")  # int64 ids are int32 without jax_enable_x64
+    assert card.input_shapes == (f"{floating}[1, 3, 32, 32]", f"{ids}[1, 8] (ids)")
+
+
+def test_inputs_of_an_unknown_framework_or_a_factory_are_not_guessed():
+    class OtherBackend(Backend):
+        name, framework = "other", "onnx"
+
+    spec = ModelSpec(name="m", source="x:y", inputs=INPUTS)
+    job = Job(spec, "other", "cpu", "fp16", ("system_card",), {}, (), (1,))
+    described = system_card.describe_inputs(StageContext(job, OtherBackend(), plugins=None, gpu_catalog=None))
+    assert described == ("float32[1, 3, 32, 32] (dtype as written)", "int64[1, 8] (ids) (dtype as written)")
+    made = ModelSpec(name="m", source="x:y", input_factory="pkg.inputs:make")
+    job = Job(made, "cpu", "cpu", "fp16", ("system_card",), {}, (), (1,))
+    described = system_card.describe_inputs(StageContext(job, CpuBackend(), plugins=None, gpu_catalog=None))
+    assert described == ("made by input_factory pkg.inputs:make",)
 
 
 @pytest.mark.cuda

@@ -1,0 +1,92 @@
+"""The mps backend's logic on any machine: its sampled peak memory, with the memory counters replaced by a scripted
+sequence of readings (torch.mps has current figures only, so the peak is the maximum of samples), its out-of-memory
+recognition, and the real unavailable path where there is no Apple GPU."""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import pytest
+import torch
+
+from rpx_plugins import mps_backend
+from rpx_plugins.mps_backend import MpsBackend
+
+
+class ScriptedMemory:
+    """Stands in for ``mps_memory``: (allocated, driver) readings in order, then the last one for ever."""
+
+    def __init__(self, *readings: tuple[int, int]) -> None:
+        self.readings = list(readings)
+        self.calls = 0
+        self.all_read = threading.Event()
+
+    def __call__(self) -> tuple[int, int]:
+        readings = self.readings  # once: a test may replace the list while the sampler thread reads
+        reading = readings[min(self.calls, len(readings) - 1)]
+        self.calls += 1
+        if self.calls >= len(readings):
+            self.all_read.set()
+        return reading
+
+
+@pytest.fixture
+def backend(monkeypatch) -> MpsBackend:
+    monkeypatch.setattr(MpsBackend, "synchronize", lambda self, device: None)  # torch.mps needs an Apple GPU
+    return MpsBackend()
+
+
+def test_peak_is_the_maximum_of_each_figure_over_the_samples(backend, monkeypatch):
+    readings = [(100, 1_000), (500, 1_200), (300, 3_000), (200, 1_500)]
+    memory = ScriptedMemory(*readings)
+    monkeypatch.setattr(mps_backend, "mps_memory", memory)
+    backend.reset_peak_memory("mps")
+    assert memory.all_read.wait(timeout=60)  # the background thread took every sample
+    peak = backend.read_peak_memory("mps")
+    # allocated and driver peaks come from different samples: each is its own maximum
+    assert (peak.peak_bytes, peak.reserved_bytes) == (max(r[0] for r in readings), max(r[1] for r in readings))
+    assert peak.sampled and peak.method == mps_backend.PEAK_METHOD
+    assert backend.read_peak_memory("mps") == peak  # reading again neither restarts nor loses the region
+
+
+def test_the_region_start_and_end_are_always_sampled(backend, monkeypatch):
+    # an hour between samples: the region's start and end are the only ones
+    monkeypatch.setattr(mps_backend, "MemorySampler", functools.partial(mps_backend.MemorySampler, interval_s=3600))
+    memory = ScriptedMemory((700, 50))
+    monkeypatch.setattr(mps_backend, "mps_memory", memory)
+    backend.reset_peak_memory("mps")
+    memory.readings = [(100, 900)]
+    peak = backend.read_peak_memory("mps")
+    assert (peak.peak_bytes, peak.reserved_bytes) == (700, 900) and memory.calls == 2
+
+
+def test_a_new_region_forgets_the_previous_one(backend, monkeypatch):
+    memory = ScriptedMemory((900, 900))
+    monkeypatch.setattr(mps_backend, "mps_memory", memory)
+    backend.reset_peak_memory("mps")
+    memory.readings = [(10, 20)]
+    backend.reset_peak_memory("mps")  # without reading the first region
+    peak = backend.read_peak_memory("mps")
+    assert (peak.peak_bytes, peak.reserved_bytes) == (10, 20)
+
+
+def test_peak_without_a_region_is_not_a_number():
+    peak = MpsBackend().read_peak_memory("mps")
+    assert peak.peak_bytes is None and peak.sampled and peak.method.startswith("not measured")
+
+
+def test_out_of_memory_is_recognised_by_its_message():
+    backend = MpsBackend()
+    assert backend.is_out_of_memory(RuntimeError("MPS backend out of memory (MPS allocated: 17.00 GB, other allocations: 1.00 GB)"))
+    assert not backend.is_out_of_memory(RuntimeError("Placeholder storage has not been allocated on MPS device!"))
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has an MPS device")
+def test_unavailable_mps_says_why():
+    availability = MpsBackend().availability
+    assert not availability.available
+    if not torch.backends.mps.is_built():
+        assert "built without MPS" in availability.reason
+    else:
+        assert availability.reason.startswith("no MPS device")
