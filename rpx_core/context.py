@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from rpx_core.errors import UnsupportedError
 from rpx_core.models import load_callable
 from rpx_core.spec import ModelSpec
 
 if TYPE_CHECKING:
     from rpx_core.backends import Backend
+    from rpx_core.gpus import GPUCatalog
     from rpx_core.plugins import Plugins
 
 
@@ -39,7 +41,7 @@ class StageContext:
     job: Job
     backend: Backend
     plugins: Plugins  # to call other hooks (built-in stages run their hook through it)
-    gpu_catalog: Any  # GPUCatalog of every pack the run loaded (typed loosely to keep this module import-light)
+    gpu_catalog: GPUCatalog  # every GPU of every pack the run loaded
     results: dict[str, Any] = attrs.Factory(dict)  # results of stages that already ran for this model, by name
     #: Scratch space shared by the stages of one job (e.g. one counting pass feeding both count_flops and
     #: estimate_traffic). Not written to results.
@@ -61,8 +63,6 @@ class StageContext:
         """The model placed on the job's device at the job's precision, built once per job."""
         if "model" not in self.cache:
             if self.job.model.meta_only:
-                from rpx_core.errors import UnsupportedError
-
                 raise UnsupportedError(
                     f"model {self.job.model.name!r} is meta_only: it is never materialised, so it cannot be executed"
                 )
@@ -89,4 +89,4 @@ class RunContext:
     options: Any
     backend: Backend
     plugins: Plugins
-    gpu_catalog: Any
+    gpu_catalog: GPUCatalog

@@ -13,6 +13,7 @@ import attrs
 from rpx_core.context import Job
 from rpx_core.convert import structure
 from rpx_core.errors import RpxError, SpecError, did_you_mean
+from rpx_core.gpus import GPUCatalog
 from rpx_core.plugins import Plugins, choose_one_of
 from rpx_core.spec import ModelSpec, Spec
 from rpx_core.stages import StageDef, resolve_order
@@ -27,7 +28,7 @@ class Plan:
     run_stages: tuple[str, ...]  # the run-scoped ones (once per spec, after the models)
     jobs: tuple[Job, ...]
     options: dict[str, Any]  # stage -> structured options object
-    gpu_catalog: Any  # every GPU of every pack this run loaded (plugin packs, the spec's gpu_packs, RPX_GPU_PACKS)
+    gpu_catalog: GPUCatalog  # every GPU of every pack this run loaded (plugin packs, the spec's gpu_packs, RPX_GPU_PACKS)
     where: str = "<spec>"  # the spec's file, for error messages
 
 
@@ -91,7 +92,7 @@ def structure_options(spec: Spec, registry: dict[str, StageDef], order: list[str
     return options
 
 
-def check_gpus(spec: Spec, catalog: Any, order: list[str], where: str) -> None:
+def check_gpus(spec: Spec, catalog: GPUCatalog, order: list[str], where: str) -> None:
     if "roofline" in order and not spec.gpus:
         raise SpecError(f'{where}: gpus: the roofline stage needs GPUs to bound: names from `rpx gpus`, or ["all"]')
     for index, name in enumerate(spec.gpus):
