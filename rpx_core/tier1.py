@@ -161,3 +161,12 @@ def fold_largest(
     kept = {name: value for name, value in entries.items() if name in keep}
     kept[others_name] = merge([value for name, value in entries.items() if name not in keep])
     return kept
+
+
+def describe_cost_tables(per_output: Mapping[str, int], per_input: Mapping[str, int]) -> list[str]:
+    """Per-element cost tables in words, one line per (cost, element kind): the text results store as convention."""
+    by_cost: dict[tuple[str, int], list[str]] = {}
+    for table, where in ((per_output, "output"), (per_input, "input")):
+        for name, cost in table.items():
+            by_cost.setdefault((where, cost), []).append(name)
+    return [f"{cost} per {where} element: {', '.join(names)}" for (where, cost), names in by_cost.items()]

@@ -17,13 +17,13 @@ wherever a JAX primitive corresponds to an aten operator:
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Any, Callable
 
 import attrs
 
 from rpx_core.errors import UnsupportedError
-from rpx_core.tier1 import ROOT_MODULE
+from rpx_core.tier1 import ROOT_MODULE, describe_cost_tables
 from rpx_plugins.jax_backend import is_floating
 
 MATRIX_PRIMITIVES = ("dot_general", "conv_general_dilated")
@@ -70,11 +70,7 @@ DATA_MOVEMENT = frozenset(
 
 def other_flops_convention() -> str:
     """The per-element tables behind ``other_flops``, in words (stored with every result)."""
-    by_cost: dict[tuple[str, int], list[str]] = defaultdict(list)
-    for table, where in ((PER_OUTPUT_ELEMENT, "output"), (PER_INPUT_ELEMENT, "input")):
-        for name, cost in table.items():
-            by_cost[(where, cost)].append(name)
-    lines = [f"{cost} per {where} element: {', '.join(names)}" for (where, cost), names in by_cost.items()]
+    lines = describe_cost_tables(PER_OUTPUT_ELEMENT, PER_INPUT_ELEMENT)
     return "; ".join(
         [
             *lines,

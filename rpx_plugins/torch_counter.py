@@ -46,6 +46,7 @@ from rpx_core.tier1 import (
     OperatorStats,
     OpRecord,
     TrafficResult,
+    describe_cost_tables,
     fold_largest,
 )
 
@@ -424,11 +425,7 @@ _FREE_KINDS = (_VIEW, _METADATA)
 
 def other_flops_convention() -> str:
     """The per-element cost table behind ``other_flops``, in words (stored with every result)."""
-    by_cost: dict[tuple[str, int], list[str]] = defaultdict(list)
-    for table, where in ((PER_OUTPUT_ELEMENT, "output"), (PER_INPUT_ELEMENT, "input")):
-        for name, cost in table.items():
-            by_cost[(where, cost)].append(name)
-    lines = [f"{cost} per {where} element: {', '.join(names)}" for (where, cost), names in by_cost.items()]
+    lines = describe_cost_tables(PER_OUTPUT_ELEMENT, PER_INPUT_ELEMENT)
     lines += [
         f"gelu: {_GELU_ERF_FLOPS} per element (erf form) or {_GELU_TANH_FLOPS} (tanh form)",
         "layer/group norm: 5 per element + 1 each for weight and bias; RMS norm: 3 + 1 for weight",
