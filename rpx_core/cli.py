@@ -20,31 +20,34 @@ EXIT_OK, EXIT_STAGE_FAILED, EXIT_INTERNAL = 0, 1, 3  # bad input exits with RpxE
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rpx", description="Declarative, plugin-based model-efficiency profiler.")
     parser.add_argument("--version", action="version", version=f"rpx {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    parser.add_argument("--disable", action="append", default=[], metavar="PLUGIN", help="disable a plugin by name (repeatable; also RPX_DISABLE_PLUGINS=a,b)")
-    parser.add_argument("--strict-plugins", action="store_true", default=None, help="a plugin that fails to import is an error")
+    add_common_options(parser, defaults=True)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    add_common_options(common, defaults=False)  # also accepted after the command: `rpx run spec.toml --debug`
 
-    run = commands.add_parser("run", help="run a spec and write its results")
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help, parents=[common])
+
+    run = command("run", "run a spec and write its results")
     run.add_argument("spec", help="path to spec.toml")
     run.add_argument("-o", "--output", help="results file (default: the spec's `output`)")
     run.add_argument("--format", choices=("toml", "json"), help="results format (default: from the file suffix)")
     run.add_argument("--stages", help="comma-separated stages to run instead of the spec's (dependencies are added)")
     run.set_defaults(handler=cmd_run)
 
-    validate = commands.add_parser("validate", help="check a spec without running it")
+    validate = command("validate", "check a spec without running it")
     validate.add_argument("spec")
     validate.set_defaults(handler=cmd_validate)
 
-    plugins = commands.add_parser("plugins", help="list plugins with their distribution, version and hooks")
+    plugins = command("plugins", "list plugins with their distribution, version and hooks")
     plugins.add_argument("--json", action="store_true")
     plugins.set_defaults(handler=cmd_plugins)
 
-    backends = commands.add_parser("backends", help="list backends and whether they are available here")
+    backends = command("backends", "list backends and whether they are available here")
     backends.add_argument("--json", action="store_true")
     backends.set_defaults(handler=cmd_backends)
 
-    gpus = commands.add_parser("gpus", help="list GPU specs from every pack, or show one in full")
+    gpus = command("gpus", "list GPU specs from every pack, or show one in full")
     gpus.add_argument("name", nargs="?", help="a GPU name or alias")
     gpus.add_argument("--pack", action="append", default=[], metavar="FILE", help="also load this GPU pack TOML file")
     gpus.add_argument("--json", action="store_true")
@@ -52,10 +55,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """Options valid before or after the command; only the top-level parser sets defaults, so a value given after
+    the command is not overwritten by the subparser's default."""
+    keep = {} if defaults else {"default": argparse.SUPPRESS}
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors", **keep)
+    parser.add_argument("--disable", action="append", metavar="PLUGIN", dest="disable" if defaults else "disable_after",
+                        help="disable a plugin by name (repeatable; also RPX_DISABLE_PLUGINS=a,b)",
+                        **(keep or {"default": []}))
+    parser.add_argument("--strict-plugins", action="store_true", help="a plugin that fails to import is an error",
+                        **(keep or {"default": None}))
+
+
 def load_plugins(args: argparse.Namespace):
     from rpx_core.plugins import Plugins
 
-    return Plugins.load(args.disable, strict=args.strict_plugins)
+    return Plugins.load([*args.disable, *getattr(args, "disable_after", [])], strict=args.strict_plugins)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -87,3 +87,11 @@ def test_corrupt_results_file_is_one_line(tmp_path):
     (tmp_path / "r.toml").write_text("schema_version = 1\nmodels = 3\n")
     with pytest.raises(RpxError, match=r"r.toml: not an rpx results file"):
         rpx.load_results(tmp_path / "r.toml")
+
+
+def test_global_options_work_before_and_after_the_command(tmp_path):
+    done = rpx_cli("--disable", "cuda", "plugins", "--json", "--disable", "mps")
+    status = {info["name"]: info["status"] for info in json.loads(done.stdout)}
+    assert status["cuda"] == status["mps"] == "disabled" and status["cpu"] == "loaded"
+    after = rpx_cli("validate", str(tmp_path / "none.toml"), "--debug")
+    assert after.returncode != 0 and "Traceback" in after.stderr
