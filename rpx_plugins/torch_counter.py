@@ -9,9 +9,11 @@ costs little more than its forward pass.
 Why one formula per kind of work: which attention kernel runs depends on device, dtype and grad mode (CPU runs
 ``_scaled_dot_product_flash_attention_for_cpu``, CUDA flash/efficient/cuDNN kernels, meta the unfused math path,
 ``nn.MultiheadAttention`` in eval + no_grad its fused ``_native_multi_head_attention``). Every attention kernel gets the
-same formula, so the same model has the same matrix FLOPs everywhere. On meta, ``F.scaled_dot_product_attention`` is
-routed to the kernel the CPU backend would pick, and ``nn.MultiheadAttention`` to its fused path whenever the CPU backend
-would take it, so meta counts equal CPU counts (bytes and activation memory included).
+same formula, so the same model has the same matrix FLOPs everywhere; ``nn.TransformerEncoderLayer``'s fused
+``_transformer_encoder_layer_fwd`` (eval + no_grad) is priced as the sum of its unfused path's ops. On meta,
+``F.scaled_dot_product_attention`` is routed to the kernel the CPU backend would pick, and ``nn.MultiheadAttention`` and
+``nn.TransformerEncoderLayer`` to their fused paths whenever the CPU backend would take them, so meta counts equal CPU
+counts (bytes and activation memory included), except where TRAFFIC_ASSUMPTIONS says otherwise.
 
 This module imports torch: import it lazily, inside a stage.
 """
@@ -73,7 +75,8 @@ SOFTMAX_BACKWARD_FLOPS = 4
 CAUSAL_MASK_CONVENTION = (
     "dense: attention counts the full Lq x Lk score matrix even with is_causal=True or a mask, as torch's "
     "FlopCounterMode does (a kernel that skips masked blocks does about half the attention FLOPs for a causal mask). "
-    "Every attention kernel (flash, efficient, cuDNN, CPU flash, math path, nn.MultiheadAttention's fused path) uses "
+    "Every attention kernel (flash, efficient, cuDNN, CPU flash, math path, the fused paths of nn.MultiheadAttention "
+    "and nn.TransformerEncoderLayer) uses "
     "QK^T = B*H*Lq*Lk*E MACs and PV = B*H*Lq*Lk*Ev MACs with H the query heads (grouped-query attention included); "
     f"softmax adds {SOFTMAX_FLOPS} other FLOPs per score (+1 with a mask or is_causal); backward is 2x the forward "
     f"MACs (dQ, dK, dV, dP; recomputing scores is not counted) plus {SOFTMAX_BACKWARD_FLOPS} other FLOPs per score"
@@ -217,6 +220,32 @@ def _native_multi_head_attention(call: _Call) -> tuple[int, int] | None:
     return macs, other
 
 
+def _transformer_encoder_layer_fwd(call: _Call) -> tuple[int, int] | None:
+    """nn.TransformerEncoderLayer's fused path, costed like its unfused path (eval: dropout runs no op) so the two agree.
+
+    Self-attention as ``_native_multi_head_attention`` without returned weights; the feed-forward linears B*L*E*F MACs
+    each plus their biases (F + E per token); the activation (relu, or gelu in its erf form, per hidden element); the
+    two layer norms and the two residual adds, as the table prices them. None for a nested (padded-away) input.
+    """
+    args = call.args
+    src = args["src"]
+    attention_args = {name: args[name] for name in ("qkv_bias", "proj_bias", "mask")}
+    attention = _native_multi_head_attention(
+        _Call({"query": src, "key": src, "num_head": args["num_heads"], "need_weights": False, **attention_args}, [])
+    )
+    if attention is None:
+        return None
+    elements = src.numel()
+    hidden = elements // args["embed_dim"] * args["ffn_weight_1"].shape[0]  # B*L*F elements between the linears
+    activation = _GELU_ERF_FLOPS if args["use_gelu"] else PER_OUTPUT_ELEMENT["relu"]
+    norms = sum(
+        _layer_norm(_Call({"input": src, "weight": args[f"norm_weight_{i}"], "bias": args[f"norm_bias_{i}"]}, []))[1]
+        for i in (1, 2)
+    )
+    biases, residuals = hidden + elements, 2 * PER_OUTPUT_ELEMENT["add"] * elements
+    return attention[0] + 2 * hidden * args["embed_dim"], attention[1] + biases + activation * hidden + norms + residuals
+
+
 def _per_output_element(cost: int) -> Formula:
     return lambda call: (0, cost * call.out_numel())
 
@@ -356,6 +385,7 @@ FORMULAS: dict[str, Formula] = {
         ("_flash_attention_backward", "_efficient_attention_backward"), _attention(_length_before_heads, backward=True)
     ),
     "_native_multi_head_attention": _native_multi_head_attention,
+    "_transformer_encoder_layer_fwd": _transformer_encoder_layer_fwd,
     **{name: _per_output_element(cost) for name, cost in PER_OUTPUT_ELEMENT.items()},
     **{name: _per_input_element(cost) for name, cost in PER_INPUT_ELEMENT.items()},
     "gelu": _gelu,
@@ -433,6 +463,7 @@ def other_flops_convention() -> str:
         "max/avg pooling: kernel volume per output element",
         "bias of addmm/baddbmm/addmv/convolution: 1 per output element",
         "attention: see causal_mask_convention",
+        "nn.TransformerEncoderLayer's fused op: the sum of its unfused path's ops, priced as above (gelu in erf form)",
         "exp, log, sqrt, rsqrt, tanh, erf, sin, cos each count 1; in-place variants (add_) cost as their op",
         "zero by definition: views, metadata queries, allocations and fills, gathers (embedding, index), copies, "
         "concatenation, padding; any other op is listed in uncounted_ops, never counted as 0",
@@ -841,10 +872,21 @@ class _CpuAttentionOnMeta(TorchFunctionMode):
         super().__init__()
         self.ledger = ledger
         self.hooks: list[torch.utils.hooks.RemovableHandle] = []
+        #: The nn.TransformerEncoderLayers given a forward that takes the fused path where the CPU backend would.
+        self.layers: list[torch.nn.TransformerEncoderLayer] = []
         #: The nn.MultiheadAttention whose running forward the CPU backend would send down its fused fast path.
         self.fused: torch.nn.MultiheadAttention | None = None
 
     def __enter__(self) -> Self:
+        self.layers = [  # before rpx's own hooks, which would rule the fast path out
+            layer
+            for layer in self.ledger.model.modules()
+            if type(layer).forward is torch.nn.TransformerEncoderLayer.forward
+            and "forward" not in vars(layer)
+            and not any(m._forward_hooks or m._forward_pre_hooks for m in layer.modules())
+        ]
+        for layer in self.layers:
+            layer.forward = functools.partial(_encoder_layer_on_meta, layer)
         self.hooks = [
             module.register_forward_pre_hook(self._decide_fusion, with_kwargs=True)
             for module in self.ledger.model.modules()
@@ -855,6 +897,8 @@ class _CpuAttentionOnMeta(TorchFunctionMode):
     def __exit__(self, *exc_info: object) -> None:
         for hook in self.hooks:
             hook.remove()
+        for layer in self.layers:
+            del layer.forward
         super().__exit__(*exc_info)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
@@ -976,6 +1020,55 @@ def _fused_multi_head_attention(
         arguments["average_attn_weights"], mask_type,
     )
     return output.transpose(1, 0), weights
+
+
+_ENCODER_LAYER_FORWARD = inspect.signature(torch.nn.TransformerEncoderLayer.forward)
+
+
+def _encoder_layer_on_meta(layer: torch.nn.TransformerEncoderLayer, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The layer's forward on meta: what its fast path runs (mask conversion, then the fused op) where the CPU backend
+    would take it, else its own forward. Why not a pre-hook and a rerouted call, as for MHA: the layer's unfused path
+    runs ops itself before it makes any call this mode could replace."""
+    arguments = _ENCODER_LAYER_FORWARD.bind(layer, *args, **kwargs).arguments
+    src, src_mask, padding = (arguments.get(name) for name in ("src", "src_mask", "src_key_padding_mask"))
+    if not _cpu_takes_encoder_layer_fast_path(layer, src):
+        return type(layer).forward(layer, *args, **kwargs)
+    padding = F._canonical_mask(
+        mask=padding, mask_name="src_key_padding_mask", other_type=F._none_or_dtype(src_mask),
+        other_name="src_mask", target_type=src.dtype,
+    )
+    src_mask = F._canonical_mask(
+        mask=src_mask, mask_name="src_mask", other_type=None, other_name="", target_type=src.dtype, check_other=False
+    )
+    mask, mask_type = layer.self_attn.merge_masks(src_mask, padding, src)
+    attention = layer.self_attn
+    return torch._transformer_encoder_layer_fwd(
+        src, attention.embed_dim, attention.num_heads, attention.in_proj_weight, attention.in_proj_bias,
+        attention.out_proj.weight, attention.out_proj.bias, layer.activation_relu_or_gelu == 2, layer.norm_first,
+        layer.norm1.eps, layer.norm1.weight, layer.norm1.bias, layer.norm2.weight, layer.norm2.bias,
+        layer.linear1.weight, layer.linear1.bias, layer.linear2.weight, layer.linear2.bias, mask, mask_type,
+    )
+
+
+def _cpu_takes_encoder_layer_fast_path(layer: torch.nn.TransformerEncoderLayer, src: torch.Tensor) -> bool:
+    """nn.TransformerEncoderLayer.forward's fast-path conditions (torch 2.13), the device taken to be the CPU; its
+    no-hooks condition is checked when counting starts (rpx's own hooks would fail it)."""
+    attention = layer.self_attn
+    weights = (attention.in_proj_weight, attention.in_proj_bias, attention.out_proj.weight, attention.out_proj.bias)
+    weights += tuple(p for m in (layer.norm1, layer.norm2, layer.linear1, layer.linear2) for p in (m.weight, m.bias))
+    return (
+        torch.backends.mha.get_fastpath_enabled()
+        and src.dim() == 3
+        and not layer.training
+        and attention.batch_first
+        and attention._qkv_same_embed_dim
+        and bool(layer.activation_relu_or_gelu)
+        and layer.norm1.eps == layer.norm2.eps
+        and attention.num_heads % 2 == 0
+        and not torch.is_autocast_enabled()
+        and all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in (src, *weights))  # no bias=False, no subclass
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in (src, *weights)))
+    )
 
 
 def _cpu_stand_in(tensor: torch.Tensor) -> torch.Tensor:
@@ -1333,9 +1426,17 @@ TRAFFIC_ASSUMPTIONS = (
     "workspace inside a kernel and allocator caching are not included",
     "with grad enabled, tensors saved for backward stay alive, so the activation peak is the training-time figure; "
     "under no_grad it is the inference figure",
-    "on meta, F.scaled_dot_product_attention runs the kernel the CPU backend selects, and nn.MultiheadAttention "
-    "its fused path when the CPU backend would take it (meta alone would take both unfused paths), so meta and CPU "
-    "counts agree",
-    "nn.MultiheadAttention's fused inference path (eval + no_grad, batch_first self-attention without float masks) "
-    "moves fewer bytes than its unfused path, which grad-enabled and training runs take; FLOPs are the same",
+    "on meta, F.scaled_dot_product_attention runs the kernel the CPU backend selects, and nn.MultiheadAttention and "
+    "nn.TransformerEncoderLayer their fused paths when the CPU backend would take them (meta alone would take the "
+    "unfused paths), so meta and CPU counts agree",
+    "the exception: the attention inside nn.MultiheadAttention's unfused path without returned weights (grad "
+    "enabled or training; every nn.TransformerEncoderLayer's self-attention then) runs SDPA's math path on meta, as "
+    "rpx cannot reroute a call nested in F.multi_head_attention_forward: matrix FLOPs agree, but meta adds 1 other "
+    "FLOP per query and per key element (their scaling) and moves more bytes",
+    "nn.MultiheadAttention's and nn.TransformerEncoderLayer's fused inference paths (eval + no_grad; see torch's "
+    "fast-path conditions) move fewer bytes than their unfused paths, which grad-enabled and training runs take; "
+    "FLOPs are the same",
+    "nn.TransformerEncoder with src_key_padding_mask on its fast path runs nested tensors, which rpx cannot count: "
+    "on CPU the count fails with torch's 'NestedTensorImpl doesn't support sizes', on meta with a CountingError (the "
+    "nesting depends on the mask's values); pass enable_nested_tensor=False to count it",
 )

@@ -286,6 +286,115 @@ def test_multihead_attention_fast_path_bytes_hand_computed_on_meta() -> None:
     assert report.traffic.activation_peak_bytes == (output + head_average) * F32
 
 
+def encoder_layer(**options) -> nn.TransformerEncoderLayer:  # noqa: ANN003
+    return nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True, **options)
+
+
+ENCODER_FUSED = "aten._transformer_encoder_layer_fwd"
+
+
+@pytest.mark.parametrize(
+    ("options", "activation"), [({}, 1), ({"activation": "gelu"}, 5), ({"norm_first": True}, 1)]
+)  # activation: FLOPs per hidden element, relu 1, gelu (erf form) 5
+def test_transformer_encoder_layer_fused_path_hand_computed_and_equal_to_unfused_and_meta(
+    options: dict, activation: int
+) -> None:
+    batch, seq, d, heads, ffn = 2, 8, 32, 4, 64
+    torch.manual_seed(0)
+    layer, meta_layer = encoder_layer(**options).eval(), build_on_meta(encoder_layer, **options).eval()
+    x = torch.randn(batch, seq, d)
+    with torch.no_grad():
+        fused = count_model(layer, (x,))
+        on_meta = count_model(meta_layer, (x.to("meta"),))
+    unfused = count_model(layer, (x,))  # grad enabled: the unfused path
+    assert ENCODER_FUSED in fused.flops.by_operator and ENCODER_FUSED in on_meta.flops.by_operator
+    assert ENCODER_FUSED not in unfused.flops.by_operator
+    assert fused.flops.uncounted_ops == on_meta.flops.uncounted_ops == unfused.flops.uncounted_ops == {}
+    tokens = batch * seq
+    macs = 3 * tokens * d * d + tokens * d * d + 2 * batch * heads * seq * seq * (d // heads) + 2 * tokens * d * ffn
+    assert fused.flops.matrix_flops == 2 * macs == 278_528
+    biases = tokens * (3 * d + d + ffn + d)  # in-projection, out-projection, the two feed-forward linears
+    softmax = SOFTMAX_FLOPS * batch * heads * seq * seq
+    norms, residuals = 2 * (5 + 2) * tokens * d, 2 * tokens * d  # layer norm: 5 per element + weight + bias
+    assert fused.flops.other_flops == biases + softmax + activation * tokens * ffn + norms + residuals
+    for other in (unfused, on_meta):
+        assert (other.flops.matrix_flops, other.flops.other_flops) == (fused.flops.matrix_flops, fused.flops.other_flops)
+    assert counted(fused) == counted(on_meta)  # bytes and activation peaks too: meta runs the fused op
+
+
+def test_transformer_encoder_layer_fused_path_bytes_hand_computed_on_meta() -> None:
+    d, ffn = 32, 64
+    layer = build_on_meta(encoder_layer).eval()
+    with torch.no_grad():
+        report = count_model(layer, (torch.empty(2, 8, d, device="meta"),))
+    assert list(report.flops.by_operator) == [ENCODER_FUSED]
+    attention = 3 * d * d + 3 * d + d * d + d  # in- and out-projection weights and biases
+    weights = attention + 2 * 2 * d + (ffn * d + ffn) + (d * ffn + d)  # two layer norms, two feed-forward linears
+    x = output = 2 * 8 * d
+    assert report.traffic.unfused_bytes == (x + weights + output) * F32 == 38_272
+    assert report.traffic.activation_peak_bytes == output * F32
+
+
+class MaskedEncoderLayer(nn.Module):
+    """nn.TransformerEncoderLayer with a padding or attention mask, to check the fast-path reroute on meta."""
+
+    def __init__(self, mask: str) -> None:
+        super().__init__()
+        self.keyword = "src_key_padding_mask" if mask == "padding" else "src_mask"
+        self.layer = encoder_layer()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.layer(x, **{self.keyword: mask})
+
+
+@pytest.mark.parametrize("mask", ["padding", "causal", "float causal"])
+def test_transformer_encoder_layer_with_a_mask_counts_the_same_on_cpu_and_meta(mask: str) -> None:
+    torch.manual_seed(0)
+    cpu_model, meta_model = MaskedEncoderLayer(mask).eval(), build_on_meta(MaskedEncoderLayer, mask=mask).eval()
+    with torch.no_grad():
+        on_cpu = count_model(cpu_model, (torch.randn(2, 8, 32), mask_for(mask, "cpu")))
+        on_meta = count_model(meta_model, (torch.randn(2, 8, 32, device="meta"), mask_for(mask, "meta")))
+    assert ENCODER_FUSED in on_meta.flops.by_operator  # unlike nn.MultiheadAttention's, a float mask is fused too
+    assert counted(on_cpu) == counted(on_meta)
+
+
+def hooked_encoder_layer() -> nn.TransformerEncoderLayer:
+    layer = encoder_layer()
+    layer.linear1.register_forward_hook(lambda *_: None)  # any hook in the layer rules its fast path out
+    return layer
+
+
+@pytest.mark.parametrize(
+    ("factory", "fused"),
+    [
+        (lambda: nn.TransformerEncoder(encoder_layer(), num_layers=2, enable_nested_tensor=False), True),
+        (lambda: encoder_layer(activation=nn.SiLU()), False),  # only relu and gelu have a fast path
+        (hooked_encoder_layer, False),
+    ],
+    ids=["encoder stack", "silu", "hooked"],
+)
+def test_transformer_encoder_layer_on_meta_takes_the_fast_path_when_cpu_does(factory, fused: bool) -> None:  # noqa: ANN001
+    torch.manual_seed(0)
+    cpu_model, meta_model = factory().eval(), build_on_meta(factory).eval()
+    with torch.no_grad():
+        on_cpu = count_model(cpu_model, (torch.randn(2, 8, 32),))
+        on_meta = count_model(meta_model, (torch.randn(2, 8, 32, device="meta"),))
+    assert (ENCODER_FUSED in on_cpu.flops.by_operator) is (ENCODER_FUSED in on_meta.flops.by_operator) is fused
+    assert counted(on_cpu) == counted(on_meta)
+
+
+def test_unfused_multihead_attention_without_weights_on_meta_adds_the_math_paths_scaling() -> None:
+    """Pins the stated exception (TRAFFIC_ASSUMPTIONS): with grad, meta cannot reroute the SDPA call nested in
+    F.multi_head_attention_forward, so it runs the math path, which scales query and key elementwise."""
+    tokens, d = 2 * 8, 32
+    torch.manual_seed(0)
+    on_cpu = count_model(encoder_layer().eval(), (torch.randn(2, 8, d),))
+    on_meta = count_model(build_on_meta(encoder_layer).eval(), (torch.randn(2, 8, d, device="meta"),))
+    assert on_meta.flops.matrix_flops == on_cpu.flops.matrix_flops
+    assert on_meta.flops.other_flops == on_cpu.flops.other_flops + 2 * tokens * d  # query and key, 1 per element
+    assert on_meta.traffic.unfused_bytes > on_cpu.traffic.unfused_bytes
+
+
 def test_sdpa_math_path_and_default_path_have_equal_matrix_flops() -> None:
     torch.manual_seed(0)
     model = model_zoo.tiny_transformer().eval()
