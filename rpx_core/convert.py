@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 import cattrs
@@ -21,20 +21,25 @@ def make_converter() -> cattrs.Converter:
     """A converter that rejects unknown keys and drops None values (TOML has no null)."""
     converter = cattrs.Converter(forbid_extra_keys=True, omit_if_default=False)
     converter.register_unstructure_hook_factory(attrs.has, _omit_none_factory(converter))
-    converter.register_structure_hook_func(lambda t: t == tuple[int, ...], _strict_int_tuple)
-    converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _strict_str_tuple)
+    for item_type, one, many in ((int, "an integer", "integers"), (str, "a string", "strings")):
+        converter.register_structure_hook_func(lambda t, i=item_type: t == tuple[i, ...], _strict_tuple(item_type, one, many))
     converter.register_structure_hook_func(_is_scalar_union, _structure_scalar_union)
     return converter
 
 
-def _strict_str_tuple(value: Any, _: type) -> tuple[str, ...]:
-    """A list of strings; a bare string is refused rather than split into characters."""
-    if not isinstance(value, (list, tuple)):
-        raise TypeError(f"expected a list of strings, got {type(value).__name__} {value!r}")
-    for item in value:
-        if not isinstance(item, str):
-            raise TypeError(f"expected a string, got {item!r}")
-    return tuple(value)
+def _strict_tuple(item_type: type, one: str, many: str) -> Callable[[Any, type], tuple]:
+    """A list of ``item_type`` only: a bare string is refused rather than split into characters, a boolean is not an
+    integer, and nothing is converted silently."""
+
+    def structure(value: Any, _: type) -> tuple:
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"expected a list of {many}, got {type(value).__name__} {value!r}")
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, item_type):
+                raise TypeError(f"expected {one}, got {item!r}")
+        return tuple(value)
+
+    return structure
 
 
 SCALARS = (bool, int, float, str)
@@ -69,15 +74,6 @@ def _omit_none_factory(converter: cattrs.Converter):
         return unstructure
 
     return factory
-
-
-def _strict_int_tuple(value: Any, _: type) -> tuple[int, ...]:
-    if not isinstance(value, (list, tuple)):
-        raise TypeError(f"expected a list of integers, got {type(value).__name__}")
-    for item in value:
-        if isinstance(item, bool) or not isinstance(item, int):
-            raise TypeError(f"expected an integer, got {item!r}")
-    return tuple(value)
 
 
 converter = make_converter()
