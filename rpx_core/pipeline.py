@@ -69,12 +69,13 @@ def run_plan(
     spec = plan.spec
     backend = plugins.backend(spec.backend, spec.choose, require_available=False)
     registry = plugins.stages(spec.choose)
+    available = backend.availability
+    reason = f"backend {backend.name!r} is not available on this machine: {available.reason}"
+    if not available.available and spec.on_unavailable == "error":
+        raise BackendUnavailable(reason)
     results = ResultsFile(RunResult(provenance=provenance(plan, plugins, spec_path)), output, fmt)
     results.update()  # the file exists (and its folder is writable) before anything is measured
-    if not backend.availability.available:
-        reason = f"backend {backend.name!r} is not available on this machine: {backend.availability.reason}"
-        if spec.on_unavailable == "error":
-            raise BackendUnavailable(reason)
+    if not available.available:
         for job in plan.jobs:
             skipped = {name: StageRecord("skipped", error=reason) for name in job.stages}
             results.put_model(_model_result(job, skipped, finished=True))
