@@ -29,12 +29,12 @@ import attrs  # noqa: E402
 from machine import describe_machine  # noqa: E402
 
 from rpx_core.backends import MemoryPeak  # noqa: E402
-from rpx_core.batch_planner import BatchPlanner, fit_linear  # noqa: E402
-from rpx_core.batching import BatchSearchOptions, BatchTracker  # noqa: E402
 from rpx_core.context import Job, RunContext, StageContext  # noqa: E402
 from rpx_core.spec import InputSpec, ModelSpec  # noqa: E402
-from rpx_plugins.batch_search import TrialRunner, rpx_batch_search  # noqa: E402
-from rpx_plugins.cpu_backend import CpuBackend  # noqa: E402
+from rpx_core.types.batch_search import BatchSearchOptions, BatchTracker  # noqa: E402
+from rpx_plugins.batch_search.planner import BatchPlanner, fit_linear  # noqa: E402
+from rpx_plugins.batch_search.stage import TrialRunner, rpx_batch_search  # noqa: E402
+from rpx_plugins.torch.cpu import CpuBackend  # noqa: E402
 
 MB = 10**6
 RESOLUTION = 0.05

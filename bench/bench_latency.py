@@ -20,8 +20,8 @@ import torch.utils.benchmark as benchmark
 from machine import describe_machine
 
 from rpx_core import stats
-from rpx_plugins.cpu_backend import CpuBackend
 from rpx_plugins.latency import model_call, sample_calls, warm_up
+from rpx_plugins.torch.cpu import CpuBackend
 
 SIZE = 512
 SAMPLES = 2000

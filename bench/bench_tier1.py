@@ -21,8 +21,8 @@ import torch
 from machine import describe_machine
 from torch.utils.flop_counter import FlopCounterMode
 
-from rpx_plugins import model_zoo
-from rpx_plugins.torch_counter import build_on_meta, count_model
+from rpx_plugins.torch import zoo as model_zoo
+from rpx_plugins.torch.counter import build_on_meta, count_model
 
 #: (label, factory, factory kwargs, example_inputs kwargs)
 CASES = [

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from rpx_core.errors import UnsupportedError
-from rpx_core.models import load_callable
+from rpx_core.loading import load_callable
 from rpx_core.spec import ModelSpec
 
 if TYPE_CHECKING:

@@ -78,7 +78,7 @@ def rpx_register_stages() -> list[StageDef]:
 
 @hookspec(firstresult=True)
 def rpx_count_params(ctx: StageContext) -> Any:
-    """Count parameters and buffers. Returns :class:`rpx_core.tier1.ParamsResult`, or None to pass. First result wins.
+    """Count parameters and buffers. Returns :class:`rpx_core.types.counts.ParamsResult`, or None to pass. First result wins.
 
     Example: ``if ctx.backend.framework != "mine": return None`` then
     ``return ParamsResult(total=..., trainable=..., non_trainable=..., buffers=..., bytes_at_precision=...,
@@ -89,7 +89,7 @@ def rpx_count_params(ctx: StageContext) -> Any:
 @hookspec(firstresult=True)
 def rpx_count_flops(ctx: StageContext) -> Any:
     """Count FLOPs and MACs of one pass (``ctx.options("count_flops")``: backward, batch size, where to count).
-    Returns :class:`rpx_core.tier1.FlopsResult` (FLOPs = 2 x MACs for matrix work; ops without a formula listed in
+    Returns :class:`rpx_core.types.counts.FlopsResult` (FLOPs = 2 x MACs for matrix work; ops without a formula listed in
     ``uncounted_ops``), or None to pass. First result wins.
 
     Example: a backend whose compiler reports costs returns ``FlopsResult(...)`` from that report for its own
@@ -100,7 +100,7 @@ def rpx_count_flops(ctx: StageContext) -> Any:
 @hookspec(firstresult=True)
 def rpx_estimate_traffic(ctx: StageContext) -> Any:
     """Estimate bytes moved (unfused and fused bounds) and peak activation memory. Returns
-    :class:`rpx_core.tier1.TrafficResult` with its ``assumptions`` stated, or None to pass. First result wins.
+    :class:`rpx_core.types.counts.TrafficResult` with its ``assumptions`` stated, or None to pass. First result wins.
 
     Example: reuse the counting pass of ``rpx_count_flops`` through ``ctx.cache`` instead of running the model twice.
     """
@@ -109,7 +109,7 @@ def rpx_estimate_traffic(ctx: StageContext) -> Any:
 @hookspec(firstresult=True)
 def rpx_roofline(ctx: StageContext) -> Any:
     """Lower-bound latency per GPU and precision from ``ctx.results["count_flops"]``/``["estimate_traffic"]`` and
-    ``ctx.gpu_catalog``. Returns :class:`rpx_core.tier2.RooflineResult`, or None to pass. First result wins.
+    ``ctx.gpu_catalog``. Returns :class:`rpx_core.types.roofline.RooflineResult`, or None to pass. First result wins.
 
     Example: a plugin modelling a chip with a different memory hierarchy returns its own bounds for that chip's
     backend and None otherwise.
@@ -118,7 +118,7 @@ def rpx_roofline(ctx: StageContext) -> Any:
 
 @hookspec(firstresult=True)
 def rpx_system_card(ctx: StageContext) -> Any:
-    """Describe the machine and the run settings. Returns :class:`rpx_core.system.SystemCard`, or None to pass.
+    """Describe the machine and the run settings. Returns :class:`rpx_core.types.system_card.SystemCard`, or None to pass.
     First result wins.
 
     Example: a plugin for an embedded board whose CPU name is not in /proc/cpuinfo returns
@@ -129,7 +129,7 @@ def rpx_system_card(ctx: StageContext) -> Any:
 @hookspec(firstresult=True)
 def rpx_measure_latency(ctx: StageContext) -> Any:
     """Measure latency percentiles at batch 1, throughput per batch size and peak memory of the measured region.
-    Returns :class:`rpx_core.tier3.LatencyResult`, or None to pass. First result wins.
+    Returns :class:`rpx_core.types.latency.LatencyResult`, or None to pass. First result wins.
 
     Example: a remote-device plugin times calls on the device itself and returns the samples' statistics, built with
     :mod:`rpx_core.stats` so percentiles follow the same method and sufficiency rules.
@@ -140,7 +140,7 @@ def rpx_measure_latency(ctx: StageContext) -> Any:
 def rpx_batch_search(ctx: RunContext) -> Any:
     """Search batch sizes for a pipeline of models under a memory budget. Receives a
     :class:`rpx_core.context.RunContext` (one StageContext per model, the options, the backend). Returns
-    :class:`rpx_core.batching.BatchSearchResult`, or None to pass. First result wins.
+    :class:`rpx_core.types.batch_search.BatchSearchResult`, or None to pass. First result wins.
 
     Example: a plugin that runs each trial in a fresh subprocess returns the same result type from its own runner.
     """

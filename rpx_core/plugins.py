@@ -40,17 +40,17 @@ HOOK_NAMES = frozenset(name for name in dir(hookspecs) if name.startswith("rpx_"
 #: and listed and disabled exactly like them.
 BUILTIN = {
     "stages": "rpx_plugins.stages",
-    "cpu": "rpx_plugins.cpu_backend",
-    "cuda": "rpx_plugins.cuda_backend",
-    "mps": "rpx_plugins.mps_backend",
-    "jax": "rpx_plugins.jax_backend",
-    "jax-tier1": "rpx_plugins.jax_tier1",
-    "torch-tier1": "rpx_plugins.torch_tier1",
+    "cpu": "rpx_plugins.torch.cpu",
+    "cuda": "rpx_plugins.torch.cuda",
+    "mps": "rpx_plugins.torch.mps",
+    "jax": "rpx_plugins.jax.backend",
+    "jax-counts": "rpx_plugins.jax.counts",
+    "torch-counts": "rpx_plugins.torch.counts",
     "reference-gpus": "rpx_plugins.reference_gpus",
-    "roofline": "rpx_plugins.roofline",
+    "roofline": "rpx_plugins.roofline.stage",
     "system-card": "rpx_plugins.system_card",
     "latency": "rpx_plugins.latency",
-    "batch-search": "rpx_plugins.batch_search",
+    "batch-search": "rpx_plugins.batch_search.stage",
 }
 
 T = TypeVar("T")

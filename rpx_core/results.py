@@ -22,13 +22,13 @@ SCHEMA_VERSION = 1
 
 #: Result type of each built-in stage, as "module:Class" so loading a results file imports only what it needs.
 RESULT_TYPES = {
-    "count_params": "rpx_core.tier1:ParamsResult",
-    "count_flops": "rpx_core.tier1:FlopsResult",
-    "estimate_traffic": "rpx_core.tier1:TrafficResult",
-    "roofline": "rpx_core.tier2:RooflineResult",
-    "system_card": "rpx_core.system:SystemCard",
-    "measure_latency": "rpx_core.tier3:LatencyResult",
-    "batch_search": "rpx_core.batching:BatchSearchResult",
+    "count_params": "rpx_core.types.counts:ParamsResult",
+    "count_flops": "rpx_core.types.counts:FlopsResult",
+    "estimate_traffic": "rpx_core.types.counts:TrafficResult",
+    "roofline": "rpx_core.types.roofline:RooflineResult",
+    "system_card": "rpx_core.types.system_card:SystemCard",
+    "measure_latency": "rpx_core.types.latency:LatencyResult",
+    "batch_search": "rpx_core.types.batch_search:BatchSearchResult",
 }
 
 Status = Literal["ok", "failed", "skipped"]

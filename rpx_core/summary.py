@@ -121,7 +121,7 @@ def render_run(run: Any) -> str:
     for stage, record in run.run_stages.items():
         lines.append(f"{stage}: {record.status}" + (f": {record.error.splitlines()[0]}" if record.error else ""))
         if stage == "batch_search" and record.status == "ok":
-            from rpx_core.batching import format_table
+            from rpx_core.types.batch_search import format_table
 
             lines += ["", format_table(record.result)]
     return "\n".join(lines)

@@ -21,7 +21,7 @@ from rpx_core import stats
 from rpx_core.backends import Backend, Timer
 from rpx_core.context import StageContext
 from rpx_core.hookspecs import hookimpl
-from rpx_core.tier3 import LatencyOptions, LatencyResult, ThroughputResult
+from rpx_core.types.latency import LatencyOptions, LatencyResult, ThroughputResult
 from rpx_plugins.system_card import runtime_threads
 
 

@@ -28,10 +28,10 @@ def _stage(name: str, description: str, needs: tuple[str, ...] = (), options: ty
 
 @hookimpl
 def rpx_register_stages() -> list[StageDef]:
-    from rpx_core.batching import BatchSearchOptions
-    from rpx_core.tier1 import CountOptions
-    from rpx_core.tier2 import RooflineOptions
-    from rpx_core.tier3 import LatencyOptions
+    from rpx_core.types.batch_search import BatchSearchOptions
+    from rpx_core.types.counts import CountOptions
+    from rpx_core.types.latency import LatencyOptions
+    from rpx_core.types.roofline import RooflineOptions
 
     return [
         _stage("count_params", "parameters, buffers and their bytes at the spec's precision"),

@@ -22,7 +22,7 @@ import attrs
 from rpx_core.context import StageContext
 from rpx_core.hookspecs import hookimpl
 from rpx_core.spec import InputSpec
-from rpx_core.system import AcceleratorCard, SystemCard
+from rpx_core.types.system_card import AcceleratorCard, SystemCard
 
 FRAMEWORKS = ("torch", "numpy", "jax", "jaxlib", "flax")
 THREAD_ENVIRONMENT = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
@@ -349,11 +349,11 @@ def input_dtype_name(framework: str, spec_input: InputSpec, precision: str) -> s
     executable precision (float32 as written, float16 at fp16), the others keep theirs (JAX without x64 narrows int64
     to int32). None for a framework whose rule rpx does not know."""
     if framework == "torch":
-        from rpx_plugins.torch_backend import input_dtype
+        from rpx_plugins.torch.backend import input_dtype
 
         return str(input_dtype(spec_input, precision)).removeprefix("torch.")
     if framework == "jax":
-        from rpx_plugins.jax_backend import EXECUTION_DTYPES, input_dtype
+        from rpx_plugins.jax.backend import EXECUTION_DTYPES, input_dtype
 
         if precision not in EXECUTION_DTYPES:  # counted, never run: the inputs stay as written
             return spec_input.dtype

@@ -12,16 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rpx_core.backends import MemoryPeak
-from rpx_core.batch_planner import BatchPlanner, fit_linear
-from rpx_core.batching import (
+from rpx_core.convert import structure
+from rpx_core.errors import SpecError
+from rpx_core.types.batch_search import (
     BatchSearchOptions,
     BatchSearchResult,
     BatchTracker,
     format_table,
     parse_memory_amount,
 )
-from rpx_core.convert import structure
-from rpx_core.errors import SpecError
+from rpx_plugins.batch_search.planner import BatchPlanner, fit_linear
 
 MB = 10**6
 StageUsed = Callable[[int, int], int]  # (stage, batch) -> bytes used while that stage runs alone

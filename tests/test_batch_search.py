@@ -8,12 +8,12 @@ import psutil
 import pytest
 import torch
 
-from rpx_core.batching import BatchSearchOptions, BatchSearchResult
 from rpx_core.context import Job, RunContext, StageContext
 from rpx_core.errors import RpxError
 from rpx_core.spec import InputSpec, ModelSpec
-from rpx_plugins.batch_search import rpx_batch_search
-from rpx_plugins.cpu_backend import CpuBackend
+from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult
+from rpx_plugins.batch_search.stage import rpx_batch_search
+from rpx_plugins.torch.cpu import CpuBackend
 
 MB = 10**6
 INPUT = (1, 8, 64, 64)

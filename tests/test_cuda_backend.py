@@ -16,16 +16,16 @@ import torch
 from rpx_core.context import Job, StageContext
 from rpx_core.errors import UnsupportedError
 from rpx_core.spec import InputSpec, ModelSpec
-from rpx_core.tier3 import LatencyOptions
-from rpx_plugins import cuda_backend
-from rpx_plugins.cuda_backend import (
+from rpx_core.types.latency import LatencyOptions
+from rpx_plugins.latency import measure_latency
+from rpx_plugins.torch import cuda as cuda_backend
+from rpx_plugins.torch.backend import TorchBackend
+from rpx_plugins.torch.cuda import (
     CudaBackend,
     budget_fraction,
     describe_devices,
     device_index,
 )
-from rpx_plugins.latency import measure_latency
-from rpx_plugins.torch_backend import TorchBackend
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch.cuda.is_available() is False)")
 MIB = 1024 * 1024
@@ -72,7 +72,7 @@ def test_budget_becomes_a_fraction_of_the_device():
 #: states are ones in which torch refuses to report them, which no other test should inherit.
 TF32_PROBE = """
 import json, sys, torch
-from rpx_plugins.cuda_backend import TF32_SWITCHES
+from rpx_plugins.torch.cuda import TF32_SWITCHES
 
 NEW_API = ("fp32_precision", "cuda.matmul.fp32_precision", "cudnn.fp32_precision", "cudnn.conv.fp32_precision",
            "cudnn.rnn.fp32_precision", "mkldnn.fp32_precision", "mkldnn.matmul.fp32_precision",

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from rpx_plugins import host_memory
-from rpx_plugins.cpu_backend import CpuBackend
 from rpx_plugins.host_memory import (
     HostPeakTracker,
     is_host_out_of_memory,
     raised_for,
     read_status_bytes,
 )
+from rpx_plugins.torch.cpu import CpuBackend
 
 MB = 1_000_000
 TOLERANCE = 20 * MB

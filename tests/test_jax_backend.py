@@ -20,9 +20,9 @@ from rpx_core.errors import BackendUnavailable, UnsupportedError
 from rpx_core.plugins import Plugins
 from rpx_core.results import ModelResult
 from rpx_core.spec import load_spec, spec_from_dict
-from rpx_core.tier1 import OTHERS
-from rpx_plugins import jax_jaxpr
-from rpx_plugins.jax_backend import (
+from rpx_core.types.counts import OTHERS
+from rpx_plugins.jax import jaxpr as jax_jaxpr
+from rpx_plugins.jax.backend import (
     DEVICE_PEAK_NO_REGION,
     DEVICE_PEAK_NOT_RAISED,
     DEVICE_PEAK_RAISED,
@@ -30,7 +30,7 @@ from rpx_plugins.jax_backend import (
     JaxModel,
     device_peak,
 )
-from rpx_plugins.jax_zoo import mlp
+from rpx_plugins.jax.zoo import mlp
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 TIER1 = ["count_params", "count_flops", "estimate_traffic"]
@@ -43,7 +43,7 @@ FAST_LATENCY = {
 @pytest.fixture(scope="module")
 def plugins() -> Plugins:
     loaded = Plugins.load()
-    assert {"jax", "jax-tier1"} <= {info.name for info in loaded.infos() if info.status == "loaded"}
+    assert {"jax", "jax-counts"} <= {info.name for info in loaded.infos() if info.status == "loaded"}
     return loaded
 
 
@@ -220,7 +220,7 @@ def test_parameter_count_is_the_sum_of_leaf_sizes(plugins):
     total = (64 * 128 + 128) + (128 * 10 + 10)  # two dense layers: weights + biases
     assert (params.total, params.trainable, params.non_trainable, params.buffers) == (total, total, 0, 0)
     assert params.bytes_at_precision == total * 2 and params.precision == "bf16"
-    assert result.stages["count_params"].provided_by == "jax-tier1"
+    assert result.stages["count_params"].provided_by == "jax-counts"
 
 
 def test_integer_leaves_keep_their_size_and_a_repeated_leaf_counts_once(plugins):
@@ -432,7 +432,7 @@ def test_an_mlp_through_tier1_and_measured_latency(plugins, tmp_path):
     assert measured.samples_count >= 5 and 0 < measured.min_ms <= measured.max_ms
     assert [t.batch_size for t in measured.throughput] == [1, 4] and all(t.samples_per_s > 0 for t in measured.throughput)
     assert measured.peak_memory.peak_bytes > 0 and "RSS" in measured.peak_memory.method
-    assert all(result.stages[stage].provided_by == "jax-tier1" for stage in TIER1)
+    assert all(result.stages[stage].provided_by == "jax-counts" for stage in TIER1)
 
 
 def test_the_example_spec_runs_tier1_and_roofline(plugins):

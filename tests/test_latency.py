@@ -24,10 +24,10 @@ from rpx_core.convert import converter, structure
 from rpx_core.errors import SpecError
 from rpx_core.results import to_data
 from rpx_core.spec import InputSpec, ModelSpec
-from rpx_core.tier3 import LatencyOptions, LatencyResult
+from rpx_core.types.latency import LatencyOptions, LatencyResult
 from rpx_plugins import latency
-from rpx_plugins.cpu_backend import CpuBackend
 from rpx_plugins.system_card import machine_card
+from rpx_plugins.torch.cpu import CpuBackend
 
 FAST = dict(warmup_calls=2, warmup_seconds=0.0, throughput_seconds=0.05, throughput_min_calls=3)
 

@@ -8,10 +8,10 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from rpx_plugins import model_zoo
 from rpx_plugins.host_memory import HostPeakTracker
-from rpx_plugins.torch_counter import build_on_meta, count_model
-from rpx_plugins.torch_params import count_parameters
+from rpx_plugins.torch import zoo as model_zoo
+from rpx_plugins.torch.counter import build_on_meta, count_model
+from rpx_plugins.torch.params import count_parameters
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import threading
 import pytest
 import torch
 
-from rpx_plugins import mps_backend
-from rpx_plugins.mps_backend import MpsBackend
+from rpx_plugins.torch import mps as mps_backend
+from rpx_plugins.torch.mps import MpsBackend
 
 
 class ScriptedMemory:

@@ -50,7 +50,7 @@ def test_stage_override_applies_to_its_backend_only_and_new_stage_runs(with_exam
     own = run_spec(spec_from_dict({**spec, "backend": "cpu-1thread"}), plugins=plugins, output=None).model("lin")
     builtin = run_spec(spec_from_dict({**spec, "backend": "cpu"}), plugins=plugins, output=None).model("lin")
     assert own.stages["count_params"].provided_by == "example"
-    assert builtin.stages["count_params"].provided_by == "torch-tier1"
+    assert builtin.stages["count_params"].provided_by == "torch-counts"
     # both implementations agree: 16*8 weights + 8 biases = 136 parameters, 544 bytes at fp32
     assert own.result("count_params").total == builtin.result("count_params").total == 16 * 8 + 8
     assert own.result("weights_report") == {"unit": "MB", "weights": 136 * 4 / 1e6, "precision": "fp32"}
@@ -113,7 +113,7 @@ def test_misspelled_hook_is_an_error_with_a_suggestion(tmp_path, monkeypatch):
 def test_backend_name_clash_names_both_providers_unless_the_spec_chooses(tmp_path, monkeypatch):
     code = """
         from rpx_core import hookimpl
-        from rpx_plugins.cpu_backend import CpuBackend
+        from rpx_plugins.torch.cpu import CpuBackend
 
         @hookimpl
         def rpx_register_backends():

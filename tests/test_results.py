@@ -96,7 +96,7 @@ def test_real_stage_results_round_trip_through_toml_and_json(tmp_path):
         "batch_sizes": [1, 2],
         "options": {"measure_latency": {"min_samples": 70, "max_seconds": 0.5, "warmup_calls": 2,
                                         "warmup_seconds": 0.0, "keep_samples": True}},
-        "models": [{"name": "cnn", "source": "rpx_plugins.model_zoo:tiny_cnn", "inputs": [{"shape": [1, 3, 32, 32]}]}],
+        "models": [{"name": "cnn", "source": "rpx_plugins.torch.zoo:tiny_cnn", "inputs": [{"shape": [1, 3, 32, 32]}]}],
     })
     run = run_spec(spec, output=tmp_path / "r.toml")
     assert run.ok, {name: record.error for name, record in run.model("cnn").stages.items()}

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from rpx_core.convert import converter
 from rpx_core.gpus import GPUCatalog, load_pack
 from rpx_core.precision import UnknownPrecisionError
-from rpx_core.tier2 import RooflineResult
+from rpx_core.types.roofline import RooflineResult
 from rpx_plugins.reference_gpus import reference_pack_path
-from rpx_plugins.roofline_math import Workload, compute_roofline, roofline
+from rpx_plugins.roofline.bounds import Workload, compute_roofline, roofline
 
 
 class Record(NamedTuple):

@@ -19,9 +19,9 @@ from rpx_core.context import Job, StageContext
 from rpx_core.convert import converter
 from rpx_core.results import to_data
 from rpx_core.spec import InputSpec, ModelSpec
-from rpx_core.system import SystemCard
+from rpx_core.types.system_card import SystemCard
 from rpx_plugins import system_card
-from rpx_plugins.cpu_backend import CpuBackend
+from rpx_plugins.torch.cpu import CpuBackend
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch.cuda.is_available() is False)")
 
@@ -147,7 +147,7 @@ def test_stage_adds_the_job_settings_and_round_trips_through_toml():
 
 
 def test_inputs_of_a_jax_job_are_described_as_jax_makes_them():
-    from rpx_plugins.jax_backend import JaxBackend
+    from rpx_plugins.jax.backend import JaxBackend
 
     spec = ModelSpec(name="m", source="x:y", inputs=INPUTS)
     job = Job(spec, "jax", "cpu:0", "fp16", ("system_card",), {}, (), (1,))

@@ -24,16 +24,16 @@ from rpx_core.convert import converter
 from rpx_core.precision import UnknownPrecisionError
 from rpx_core.results import StageRecord
 from rpx_core.spec import InputSpec, ModelSpec, spec_from_dict
-from rpx_core.tier1 import OTHERS, ROOT_MODULE, FlopsResult, TrafficResult, fold_largest
-from rpx_plugins import model_zoo
-from rpx_plugins.torch_counter import (
+from rpx_core.types.counts import OTHERS, ROOT_MODULE, FlopsResult, TrafficResult, fold_largest
+from rpx_plugins.torch import zoo as model_zoo
+from rpx_plugins.torch.counter import (
     SOFTMAX_FLOPS,
     CountingError,
     CountReport,
     build_on_meta,
     count_model,
 )
-from rpx_plugins.torch_params import count_parameters
+from rpx_plugins.torch.params import count_parameters
 
 F32 = 4  # bytes per float32 element
 

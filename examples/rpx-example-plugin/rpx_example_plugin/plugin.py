@@ -18,7 +18,7 @@ import attrs
 from rpx_core import hookimpl
 from rpx_core.backends import Availability
 from rpx_core.stages import StageDef
-from rpx_plugins.cpu_backend import CpuBackend
+from rpx_plugins.torch.cpu import CpuBackend
 
 
 class OneThreadCpuBackend(CpuBackend):
@@ -47,7 +47,7 @@ def rpx_count_params(ctx: Any) -> Any:
     if ctx.backend.name != OneThreadCpuBackend.name:
         return None
     from rpx_core.precision import BYTES_PER_ELEMENT
-    from rpx_core.tier1 import ParamsResult
+    from rpx_core.types.counts import ParamsResult
 
     model = ctx.build_model()
     params = list(model.parameters())  # parameters() yields a Parameter object shared by two modules once

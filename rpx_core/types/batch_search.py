@@ -1,6 +1,6 @@
 """batch_search types: what the user declares (options), what one trial measured, the thread-safe tracker that
 records trials, and the result with the seed tracker's queries. The planning logic lives in
-:mod:`rpx_core.batch_planner`; running trials on a backend in :mod:`rpx_plugins.batch_search`.
+:mod:`rpx_plugins.batch_search.planner`; running trials on a backend in :mod:`rpx_plugins.batch_search.stage`.
 
 Conventions: memory in bytes (1 MB = 1e6 bytes when shown as MB); throughput in samples per second, measured as
 ``calls * batch_size / elapsed`` where ``elapsed`` is the backend timer's seconds over back-to-back calls run until
@@ -17,7 +17,7 @@ The seed ``DataTracker`` (000_435198381ac95df0) and where each capability lives 
 seed name                               rpx
 ======================================  ==============================================================================
 ``batch_sizes``                         :attr:`BatchSearchResult.batch_sizes` (non-failing combinations, trial order)
-``combos_exhausted``                    :meth:`rpx_core.batch_planner.BatchPlanner.exhausted` (``next_combination``
+``combos_exhausted``                    :meth:`rpx_plugins.batch_search.planner.BatchPlanner.exhausted` (``next_combination``
                                         returns None)
 ``has_oom``                             :attr:`BatchTracker.last_failed`, :attr:`BatchSearchResult.last_failed`
                                         (out of memory *or* over the usable budget)
@@ -30,7 +30,7 @@ seed name                               rpx
 ``get_samples_stats(method, ...)``      :meth:`BatchSearchResult.samples_stats`
 ``update_iterations(n, matrix_id)``     :meth:`BatchTracker.record_stage` (``calls`` and ``seconds``, under a lock)
 ``add_iterations_row``                  :meth:`BatchTracker.begin_trial`
-``add_next_batch_sizes``                :meth:`rpx_core.batch_planner.BatchPlanner.next_combination` (pure: the
+``add_next_batch_sizes``                :meth:`rpx_plugins.batch_search.planner.BatchPlanner.next_combination` (pure: the
                                         combination to try next, given the trials so far)
 ``face_scaling`` / ``has_detector``     ``fan_out`` of each model in the spec (any stage may fan out)
 ======================================  ==============================================================================

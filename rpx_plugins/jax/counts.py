@@ -9,7 +9,7 @@ listed; ``backward`` is refused (forward only), and ``count_on`` changes nothing
 Where each figure comes from:
 
 * ``macs`` and ``matrix_flops`` (= 2 x macs): the jaxpr's dot_general/conv_general_dilated equations, from shapes.
-* ``other_flops``: every other equation, from the per-element tables of :mod:`rpx_plugins.jax_jaxpr` (the torch
+* ``other_flops``: every other equation, from the per-element tables of :mod:`rpx_plugins.jax.jaxpr` (the torch
   counter's conventions where primitives correspond); primitives without an entry are listed in ``uncounted_ops``.
   Scan bodies count once per iteration. XLA's compiled cost analysis is not used: it counts type conversions (so it
   changes with precision) and a loop body once; its figures are reported in estimate_traffic's assumptions.
@@ -35,7 +35,7 @@ from rpx_core.errors import UnsupportedError
 from rpx_core.hookspecs import hookimpl
 from rpx_core.precision import BYTES_PER_ELEMENT
 from rpx_core.spec import InputSpec
-from rpx_core.tier1 import (
+from rpx_core.types.counts import (
     CountOptions,
     FlopsResult,
     OperatorStats,
@@ -44,7 +44,7 @@ from rpx_core.tier1 import (
     TrafficResult,
     fold_largest,
 )
-from rpx_plugins.jax_backend import (
+from rpx_plugins.jax.backend import (
     JaxModel,
     as_jax_model,
     input_dtype,
@@ -53,7 +53,7 @@ from rpx_plugins.jax_backend import (
     resolve_device,
     split_inputs,
 )
-from rpx_plugins.jax_jaxpr import (
+from rpx_plugins.jax.jaxpr import (
     JaxprCounts,
     fp16_size,
     live_peak,

@@ -10,7 +10,7 @@ from typing import Any
 
 from rpx_core.backends import Backend
 from rpx_core.errors import UnsupportedError
-from rpx_core.models import load_callable
+from rpx_core.loading import load_callable
 from rpx_core.spec import FLOAT_DTYPES, InputSpec, ModelSpec
 
 #: Storage dtype used to *execute* at each precision. tf32 stores fp32 and only changes how matmuls compute.

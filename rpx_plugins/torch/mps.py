@@ -15,7 +15,7 @@ from rpx_core.backends import Availability, Backend, MemoryPeak
 from rpx_core.errors import UnsupportedError
 from rpx_core.hookspecs import hookimpl
 from rpx_plugins.host_memory import SAMPLE_INTERVAL_S, MemorySampler, raised_for
-from rpx_plugins.torch_backend import TorchBackend
+from rpx_plugins.torch.backend import TorchBackend
 
 MPS_OOM_MESSAGES = ("MPS backend out of memory",)
 PEAK_METHOD = (

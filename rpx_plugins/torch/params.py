@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import torch
 
 from rpx_core.precision import BYTES_PER_ELEMENT, check_precision
-from rpx_core.tier1 import ParamsResult
+from rpx_core.types.counts import ParamsResult
 
 
 def count_parameters(model: torch.nn.Module, precision: str) -> ParamsResult:

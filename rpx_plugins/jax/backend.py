@@ -1,12 +1,12 @@
 """The ``jax`` backend: plain JAX functions, jitted by XLA, on any device JAX sees (CPU, GPU, TPU).
 
-Model convention: a spec's ``source`` names a factory (e.g. ``rpx_plugins.jax_zoo:mlp``) that returns either a
+Model convention: a spec's ``source`` names a factory (e.g. ``rpx_plugins.jax.zoo:mlp``) that returns either a
 :class:`JaxModel` (``apply(params, *inputs, **named_inputs)`` plus ``params``, any pytree of arrays) or a plain
 ``(apply, params)`` tuple. A Flax linen module fits as ``JaxModel(module.apply, variables)``; rpx does not depend on
 Flax. Params given as ``jax.ShapeDtypeStruct`` leaves are an abstract model: Tier 1 counts it, nothing executes it.
 
 JAX has no trainable flag and no buffers: every leaf of ``params`` counts as a trainable parameter (see
-:mod:`rpx_plugins.jax_tier1`). Execution: floating params and inputs are cast to the precision's dtype, put on the
+:mod:`rpx_plugins.jax.counts`). Execution: floating params and inputs are cast to the precision's dtype, put on the
 device, and ``apply`` is jitted once. JAX dispatches asynchronously, so ``call_model`` blocks on the outputs
 (``jax.block_until_ready``): that is the synchronisation, and ``synchronize`` has nothing left to wait for.
 

@@ -12,8 +12,8 @@ from rpx_core.errors import UnsupportedError
 from rpx_core.gpus import GPUSpec
 from rpx_core.hookspecs import hookimpl
 from rpx_core.precision import BYTES_PER_ELEMENT
-from rpx_core.tier2 import RooflineResult
-from rpx_plugins.roofline_math import Workload, compute_roofline
+from rpx_core.types.roofline import RooflineResult
+from rpx_plugins.roofline.bounds import Workload, compute_roofline
 
 
 def precisions_to_bound(ctx: StageContext) -> tuple[str, ...]:

@@ -39,7 +39,7 @@ from typing import Sequence
 
 import attrs
 
-from rpx_core.batching import (
+from rpx_core.types.batch_search import (
     BatchSearchResult,
     MemoryFit,
     StageSummary,

@@ -1,7 +1,7 @@
 """What a traced JAX program (its jaxpr) says by itself: FLOPs, bytes each equation moves, activation liveness.
 
 Pure shape arithmetic over ``jax.make_jaxpr``/``jit(...).trace`` output, nothing compiled or run; the Tier 1 hooks
-(:mod:`rpx_plugins.jax_tier1`) report it. Conventions are the torch counter's (:mod:`rpx_plugins.torch_counter`)
+(:mod:`rpx_plugins.jax.counts`) report it. Conventions are the torch counter's (:mod:`rpx_plugins.torch.counter`)
 wherever a JAX primitive corresponds to an aten operator:
 
 * a ``dot_general`` runs output size x contracted size MACs;
@@ -23,8 +23,8 @@ from typing import Any, Callable
 import attrs
 
 from rpx_core.errors import UnsupportedError
-from rpx_core.tier1 import ROOT_MODULE, describe_cost_tables
-from rpx_plugins.jax_backend import is_floating
+from rpx_core.types.counts import ROOT_MODULE, describe_cost_tables
+from rpx_plugins.jax.backend import is_floating
 
 MATRIX_PRIMITIVES = ("dot_general", "conv_general_dilated")
 #: Call-like primitives -> the parameter holding the jaxpr they run (once, or ``length`` times for scan).

@@ -20,7 +20,7 @@ from rpx_core.backends import Availability, Backend, MemoryPeak, Timer
 from rpx_core.errors import BackendUnavailable, UnsupportedError
 from rpx_core.hookspecs import hookimpl
 from rpx_plugins.host_memory import raised_for
-from rpx_plugins.torch_backend import TorchBackend
+from rpx_plugins.torch.backend import TorchBackend
 
 #: Messages of CUDA out-of-memory errors that reach us as plain RuntimeErrors (cuBLAS/cuDNN workspaces, wrappers).
 CUDA_OOM_MESSAGES = ("CUDA out of memory", "CUDA error: out of memory")

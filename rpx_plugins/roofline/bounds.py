@@ -1,6 +1,6 @@
 """Roofline arithmetic: lower bounds on a forward pass's time from its FLOPs, its DRAM traffic and a GPU's peaks.
 
-Plain numbers in, attrs results out (rpx_core.tier2, where the three bounds and the headline are explained); no torch,
+Plain numbers in, attrs results out (rpx_core.types.roofline, where the three bounds and the headline are explained); no torch,
 so the arithmetic runs and is tested anywhere. A GPU without a peak for the requested precision is skipped with the
 reason, never computed with another precision's peak.
 """
@@ -14,7 +14,7 @@ import attrs
 
 from rpx_core.gpus import GPUSpec, MissingPeakError
 from rpx_core.precision import check_precision
-from rpx_core.tier2 import GPURoofline, OperatorTime, RooflineResult, SkippedRoofline
+from rpx_core.types.roofline import GPURoofline, OperatorTime, RooflineResult, SkippedRoofline
 
 _non_negative = attrs.validators.ge(0)
 

@@ -7,7 +7,7 @@ import importlib.util
 from rpx_core.backends import Availability, Backend, MemoryPeak
 from rpx_core.hookspecs import hookimpl
 from rpx_plugins.host_memory import HostPeakTracker, is_host_out_of_memory
-from rpx_plugins.torch_backend import TorchBackend
+from rpx_plugins.torch.backend import TorchBackend
 
 
 class CpuBackend(TorchBackend):

@@ -14,8 +14,8 @@ import attrs
 from rpx_core.context import StageContext
 from rpx_core.errors import UnsupportedError
 from rpx_core.hookspecs import hookimpl
-from rpx_core.models import load_callable
-from rpx_core.tier1 import CountOptions, FlopsResult, ParamsResult, TrafficResult
+from rpx_core.loading import load_callable
+from rpx_core.types.counts import CountOptions, FlopsResult, ParamsResult, TrafficResult
 
 #: What building or running a model on meta can fail with (the counter's CountingError is a RuntimeError); any other
 #: error is a bug in the model or the spec and would fail on the device too.
@@ -29,8 +29,8 @@ def handles(ctx: StageContext) -> bool:
 def meta_model(ctx: StageContext) -> Any:
     """The job's model built on the meta device at the job's precision, once per job."""
     if "meta_model" not in ctx.cache:
-        from rpx_plugins.torch_backend import torch_dtype
-        from rpx_plugins.torch_counter import build_on_meta
+        from rpx_plugins.torch.backend import torch_dtype
+        from rpx_plugins.torch.counter import build_on_meta
 
         factory = load_callable(ctx.job.model.source, what=f"model {ctx.job.model.name!r}")
         model = build_on_meta(factory, **ctx.job.model.kwargs)
@@ -40,7 +40,7 @@ def meta_model(ctx: StageContext) -> Any:
 
 def given_object(ctx: StageContext) -> tuple[Any, str]:
     """A live model passed through the Python API is counted as it is; its dtype must match the precision."""
-    from rpx_plugins.torch_backend import torch_dtype
+    from rpx_plugins.torch.backend import torch_dtype
 
     model = ctx.model_object
     floating = [p for p in model.parameters() if p.is_floating_point()]
@@ -87,8 +87,8 @@ def describe(error: BaseException) -> str:
 def count_pass(ctx: StageContext, model: Any, device: str, options: CountOptions) -> Any:
     import torch
 
-    from rpx_plugins.torch_backend import make_inputs
-    from rpx_plugins.torch_counter import count_model
+    from rpx_plugins.torch.backend import make_inputs
+    from rpx_plugins.torch.counter import count_model
 
     args, kwargs = make_inputs(ctx.job.model, options.batch_size, ctx.job.precision, device)
     with torch.no_grad():
@@ -100,7 +100,7 @@ def count_pass(ctx: StageContext, model: Any, device: str, options: CountOptions
 def rpx_count_params(ctx: StageContext) -> ParamsResult | None:
     if not handles(ctx):
         return None
-    from rpx_plugins.torch_params import count_parameters
+    from rpx_plugins.torch.params import count_parameters
 
     if ctx.model_object is not None:
         return count_parameters(ctx.model_object, ctx.job.precision)

@@ -19,16 +19,16 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from rpx_core.backends import Backend, MemoryPeak, Timer
-from rpx_core.batch_planner import BatchPlanner
-from rpx_core.batching import (
+from rpx_core.context import RunContext, StageContext
+from rpx_core.errors import RpxError, UnsupportedError
+from rpx_core.hookspecs import hookimpl
+from rpx_core.types.batch_search import (
     BatchSearchOptions,
     BatchSearchResult,
     BatchTracker,
     parse_memory_amount,
 )
-from rpx_core.context import RunContext, StageContext
-from rpx_core.errors import RpxError, UnsupportedError
-from rpx_core.hookspecs import hookimpl
+from rpx_plugins.batch_search.planner import BatchPlanner
 from rpx_plugins.latency import gc_paused
 
 

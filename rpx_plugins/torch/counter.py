@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from rpx_core.errors import UnsupportedError
-from rpx_core.tier1 import (
+from rpx_core.types.counts import (
     BACKWARD_MODULE,
     OTHERS,
     ROOT_MODULE,

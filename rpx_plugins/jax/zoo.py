@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rpx_plugins.jax_backend import JaxModel
+from rpx_plugins.jax.backend import JaxModel
 
 NCHW = ("NCHW", "OIHW", "NCHW")  # images channels-first, kernels [out, in, h, w]
 

@@ -1,0 +1,1 @@
+"""JAX plugins: the jax backend and the Tier 1 stage hooks that count a model's jaxpr."""
