@@ -59,13 +59,20 @@ def profile(
     plus the roofline when ``gpus`` are given."""
     if stages is None:
         stages = (*DEFAULT_STAGES, "roofline") if settings.get("gpus") else DEFAULT_STAGES
-    tables = [{"shape": list(item)} if isinstance(item, (tuple, list)) else dict(item) for item in inputs]
-    model_table = {"name": name, "source": f"<object>:{type(model).__name__}", "inputs": tables}
+    model_table = {"name": name, "source": f"<object>:{type(model).__name__}", "inputs": input_tables(inputs)}
     spec = spec_from_dict({"models": [model_table], "stages": list(stages), **settings}, where="profile()")
     run_result = run_spec(spec, output=output, plugins=plugins, model_objects={name: model})
     return run_result.model(name)
 
 
-def load_results(path: str | Path) -> RunResult:
-    """Load a results file written by ``rpx run`` (TOML or JSON)."""
-    return results_io.load(path)
+def input_tables(inputs: Iterable[Any]) -> list[dict[str, Any]]:
+    """Shapes (``(1, 3, 224, 224)``) or input tables (``{"shape": [1, 128], "dtype": "int64"}``) as spec tables."""
+    return [{"shape": list(item)} if isinstance(item, (tuple, list)) else dict(item) for item in inputs]
+
+
+def load_results(path: str | Path, *, plugins: Plugins | None = None) -> RunResult:
+    """Load a results file written by ``rpx run`` (TOML or JSON); each stage's result comes back as the type its
+    stage declares (a stage no loaded plugin declares stays plain data)."""
+    plugins = plugins or Plugins.load(tolerant=True)
+    declared = plugins.stages().unambiguous()
+    return results_io.load(path, result_types={name: stage.result for name, stage in declared.items()})

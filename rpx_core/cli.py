@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from rpx_core import __version__
+from rpx_core.version import __version__
 
 EXIT_OK, EXIT_STAGE_FAILED, EXIT_INTERNAL = 0, 1, 3  # bad input exits with RpxError.exit_code, 2
 
@@ -67,10 +67,11 @@ def add_common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> No
                         **(keep or {"default": None}))
 
 
-def load_plugins(args: argparse.Namespace):
+def load_plugins(args: argparse.Namespace, *, tolerant: bool = False):
     from rpx_core.plugins import Plugins
 
-    return Plugins.load([*args.disable, *getattr(args, "disable_after", [])], strict=args.strict_plugins)
+    return Plugins.load([*args.disable, *getattr(args, "disable_after", [])], strict=args.strict_plugins,
+                        tolerant=tolerant)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -111,26 +112,41 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
+    """Always works: broken, invalid, clashing and disabled plugins are listed with the reason, not raised."""
     from rpx_core.convert import converter
 
-    infos = load_plugins(args).infos()
+    plugins = load_plugins(args, tolerant=True)
+    infos, problems = plugins.infos(), plugins.problems()
+    stages = plugins.stages().candidates
+    order = {stage: plugins.hook_order(f"rpx_{stage}") for stage in sorted(stages)}
     if args.json:
-        print(json.dumps([converter.unstructure(info) for info in infos], indent=2))
+        print(json.dumps({"plugins": [converter.unstructure(info) for info in infos], "problems": problems,
+                          "stage_hook_order": order}, indent=2))
         return EXIT_OK
     for info in infos:
         origin = "built-in" if info.builtin else f"{info.distribution} {info.version}"
         hooks = ", ".join(h.removeprefix("rpx_") for h in info.hooks) or "-"
         status = "" if info.status == "loaded" else f"  [{info.status}{': ' + info.error if info.error else ''}]"
         print(f"{info.name:<16} {origin:<28} {hooks}{status}")
+    print("\nstage hooks, plugins in the order they are asked (the first non-None answer wins):")
+    for stage, plugin_names in order.items():
+        print(f"  {stage:<18} {' -> '.join(plugin_names) or '(no implementation)'}")
+    for problem in problems:
+        print(f"problem: {problem}")
     return EXIT_OK
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
+    registry = load_plugins(args).backends()
     rows = []
-    for name, backend in sorted(load_plugins(args).backends().items()):
+    for name, backend in sorted(registry.unambiguous().items()):
         availability = backend.availability
         rows.append({"name": name, "available": availability.available, "reason": availability.reason,
-                     "framework": backend.framework, "precisions": list(backend.precisions)})
+                     "framework": backend.framework, "precisions": list(backend.precisions),
+                     "plugin": registry.provider(name)})
+    for name, providers in registry.clashes().items():
+        rows.append({"name": name, "available": False, "reason": f"registered by {', '.join(providers)}: choose one "
+                     "with [choose.backends]", "framework": None, "precisions": [], "plugin": None})
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
@@ -154,6 +170,8 @@ def cmd_gpus(args: argparse.Namespace) -> int:
         return EXIT_OK
     for row in rows:
         print(f"{row['name']:<24} {row['pack']:<14} {row['bandwidth_gb_s']:>8.1f} GB/s  {row['precisions']}")
+    for conflict in catalog.conflicts():
+        print(f"clash: {conflict}")
     return EXIT_OK
 
 

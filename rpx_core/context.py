@@ -12,6 +12,7 @@ import attrs
 
 from rpx_core.errors import UnsupportedError
 from rpx_core.loading import load_callable
+from rpx_core.precision import Precision, get_precision
 from rpx_core.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -48,7 +49,13 @@ class StageContext:
     cache: dict[str, Any] = attrs.Factory(dict)
     model_object: Any = None  # a live model given through the Python API instead of an import path
 
+    @property
+    def precision(self) -> Precision:
+        """The job's precision as an object: element size and the dtype each framework executes it with."""
+        return get_precision(self.job.precision)
+
     def options(self, stage: str) -> Any:
+        """The structured options of ``stage`` (its declaration's options class), or None if it takes none."""
         return self.job.options.get(stage)
 
     def build_model(self) -> Any:

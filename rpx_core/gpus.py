@@ -251,8 +251,9 @@ def _positive(where: str, **figures: float) -> list[str]:
 class GPUCatalog:
     """All GPUs of several packs, looked up by name or alias.
 
-    Two packs defining one GPU is an error, because results would otherwise depend on plugin load order; ``choose``
-    (GPU name -> pack name) settles it.
+    Two packs defining one GPU (or two GPUs claiming one name) is an error where that name is used, because results
+    would otherwise depend on plugin load order; ``choose`` (GPU name -> pack name) settles it. Other names, and
+    commands that use none of the clashing ones, are unaffected.
     """
 
     def __init__(self, packs: Iterable[GPUPack], choose: Mapping[str, str] | None = None) -> None:
@@ -266,18 +267,38 @@ class GPUCatalog:
             if key not in definitions:
                 known = [defs[0][1].name for defs in definitions.values()]
                 raise UnknownGPUError(f"choose: no pack defines GPU {name!r}{did_you_mean(name, known)}")
-        resolved = [_resolve(defs, choices.get(key)) for key, defs in definitions.items()]
+        resolved: list[tuple[GPUPack, GPUSpec]] = []
+        #: Normalised name -> why it cannot be used, for names several packs define without a choice.
+        self._conflicts: dict[str, str] = {}
+        for key, defs in definitions.items():
+            try:
+                resolved.append(_resolve(defs, choices.get(key)))
+            except GPUConflictError as exc:
+                self._conflicts[key] = str(exc)
         self._specs = tuple(spec for _, spec in resolved)
         self._pack_of = {spec.name: pack for pack, spec in resolved}
-        self._index = _index_by_name(self._specs)
+        self._index = _index_by_name(self._specs, self._conflicts)
 
     def all(self) -> tuple[GPUSpec, ...]:
-        """Every GPU, in pack order then file order."""
+        """Every GPU, in pack order then file order; an unsettled clash is an error here, since "all" uses it."""
+        if self._conflicts:
+            raise GPUConflictError(next(iter(self._conflicts.values())))
         return self._specs
+
+    def usable(self) -> tuple[GPUSpec, ...]:
+        """Every GPU whose name is settled (for listings, which show the clashes beside them)."""
+        return self._specs
+
+    def conflicts(self) -> list[str]:
+        """One line per unsettled clash."""
+        return list(dict.fromkeys(self._conflicts.values()))
 
     def get(self, name: str) -> GPUSpec:
         """The GPU named ``name`` (canonical name or alias, any case); UnknownGPUError lists close matches first."""
-        spec = self._index.get(_normalise(name))
+        key = _normalise(name)
+        if key in self._conflicts:
+            raise GPUConflictError(self._conflicts[key])
+        spec = self._index.get(key)
         if spec is None:
             known = self._suggestions(name)
             choices = f"Choose one of: {', '.join(known)}" if known else "No GPU pack is loaded."
@@ -312,7 +333,7 @@ def gpu_rows(catalog: GPUCatalog) -> list[dict[str, Any]]:
             ),
             "pack": spec.pack or "",
         }
-        for spec in catalog.all()
+        for spec in catalog.usable()
     ]
 
 
@@ -343,17 +364,19 @@ def _resolve(definitions: list[tuple[GPUPack, GPUSpec]], choice: tuple[str, str]
     raise GPUConflictError(f"choose: GPU {name!r} -> pack {wanted!r}, but only these packs define it: {labels}")
 
 
-def _index_by_name(specs: Iterable[GPUSpec]) -> dict[str, GPUSpec]:
-    """Normalised name and alias -> spec; two GPUs claiming one name would make lookups ambiguous: an error."""
+def _index_by_name(specs: Iterable[GPUSpec], conflicts: dict[str, str]) -> dict[str, GPUSpec]:
+    """Normalised name and alias -> spec. A name two GPUs claim would make lookups ambiguous: it goes to
+    ``conflicts`` (and out of the index) instead."""
     index: dict[str, GPUSpec] = {}
     for spec in specs:
         for name in (spec.name, *spec.aliases):
-            other = index.setdefault(_normalise(name), spec)
+            key = _normalise(name)
+            other = index.setdefault(key, spec)
             if other is not spec:
-                raise GPUConflictError(
-                    f"name {name!r} is claimed by GPU {other.name!r} (pack {other.pack}) "
-                    f"and GPU {spec.name!r} (pack {spec.pack})"
-                )
+                conflicts[key] = (f"name {name!r} is claimed by GPU {other.name!r} (pack {other.pack}) "
+                                  f"and GPU {spec.name!r} (pack {spec.pack})")
+    for key in conflicts:
+        index.pop(key, None)
     return index
 
 

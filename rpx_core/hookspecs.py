@@ -1,17 +1,19 @@
-"""Every hook an rpx plugin can implement, in one place.
+"""Every hook an rpx plugin can implement: the registration hooks here, and one stage hook per declared stage.
 
-Two kinds of hooks:
+**Registration hooks** (``rpx_register_*``) are called once on every plugin; each returns a list of registration
+objects. A name two plugins register (a backend, a GPU, a stage) is an error only for a spec or command that uses the
+name, and the spec's ``[choose]`` table settles it.
 
-* **Registration hooks** (``rpx_register_*``) are called once at start-up on every plugin; each returns a list of
-  registration objects. Names must be unique across plugins: a clash is an error naming both providers unless the spec's
-  ``[choose]`` table picks one.
-* **Stage hooks** (one per built-in stage) receive a :class:`rpx_core.context.StageContext` and *stop at the first
-  non-None result*. A plugin that only handles some backends returns None for the others (check ``ctx.backend.name``);
-  the built-in implementations are registered ``trylast``, so any installed plugin is asked first.
+**Stage hooks** are not written here: every :class:`rpx_core.stages.Stage` a plugin declares (the built-in ones in
+``rpx_plugins/stages.py``) gets the hook ``rpx_<stage name>(ctx)``. It receives a
+:class:`rpx_core.context.StageContext` (a RunContext for run-scoped stages) and *stops at the first non-None
+result*: a plugin that handles only some backends returns None for the others (check ``ctx.backend.name``). Plugins
+are asked third-party first, in alphabetical order of their entry-point names, and built-ins last (they are
+``trylast``); ``@hookimpl(tryfirst=True)`` asks a plugin before the others, ``trylast=True`` after them.
 
 Example plugin module (registered through the entry-point group ``rpx``)::
 
-    from rpx_core import hookimpl
+    from rpx_core.plugin import hookimpl
 
     @hookimpl
     def rpx_count_flops(ctx):
@@ -22,6 +24,8 @@ Example plugin module (registered through the entry-point group ``rpx``)::
 
 from __future__ import annotations
 
+import types
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +37,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 if TYPE_CHECKING:
     from rpx_core.backends import Backend
-    from rpx_core.context import RunContext, StageContext
-    from rpx_core.stages import StageDef
+    from rpx_core.stages import Stage
 
 
 # -- registration hooks ------------------------------------------------------------------------------------------------
@@ -42,7 +45,7 @@ if TYPE_CHECKING:
 
 @hookspec
 def rpx_register_backends() -> list[Backend]:
-    """Return the backends this plugin provides (instances of :class:`rpx_core.backends.Backend`).
+    """Return the backends this plugin provides (instances of :class:`rpx_core.plugin.Backend` subclasses).
 
     Called on every plugin; results are collected. Example: ``return [MyNpuBackend()]``.
     """
@@ -50,97 +53,34 @@ def rpx_register_backends() -> list[Backend]:
 
 @hookspec
 def rpx_register_gpu_packs() -> list[Path]:
-    """Return paths of GPU spec pack TOML files this plugin ships (see ``rpx_plugins/packs/reference.toml``).
+    """Return paths of GPU pack TOML files this plugin ships (the format: ``docs/plugins.md``, "GPU packs").
 
-    Called on every plugin; results are collected. Example:
-    ``return [Path(__file__).with_name("my_gpus.toml")]``.
+    Called on every plugin; results are collected. Example: ``return [Path(__file__).with_name("my_gpus.toml")]``.
     """
 
 
 @hookspec
-def rpx_register_stages() -> list[StageDef]:
-    """Return new stages (:class:`rpx_core.stages.StageDef`): name, what they need, options class, run function.
+def rpx_register_stages() -> list[Stage]:
+    """Return new stages (:class:`rpx_core.plugin.Stage` declarations). Each gets its hook ``rpx_<name>(ctx)``;
+    the declaring plugin implements it (usually ``trylast``, so other plugins can override it per backend).
 
-    Called on every plugin; results are collected. A plugin stage's ``run(ctx)`` returns an attrs object or a plain
-    TOML-able dict. Example: ``return [StageDef("energy", run=estimate_energy, needs=("count_flops",))]``.
+    Called on every plugin; results are collected. Example:
+    ``return [Stage("energy", "joules per call", result=EnergyResult, needs=("count_flops",))]``.
     """
 
 
-# -- stage hooks (first non-None result wins) --------------------------------------------------------------------------
-#
-# Each receives ``ctx`` (rpx_core.context.StageContext): ``ctx.job`` (the model spec, backend, device, precision,
-# batch sizes and every stage's options, as data), ``ctx.backend`` (the Backend object), ``ctx.model()`` and
-# ``ctx.inputs(batch_size)`` (built once per job, on the job's device), ``ctx.results`` (results of stages that already
-# ran for this model) and ``ctx.gpu_catalog``. Each is called plugin by plugin, third-party first and built-ins last,
-# and stops at the first result that is not None; the engine records which plugin produced it. The result must be
-# the stage's result type (checked), so every consumer and the results file can rely on it.
+# -- stage hooks -------------------------------------------------------------------------------------------------------
 
 
-@hookspec(firstresult=True)
-def rpx_count_params(ctx: StageContext) -> Any:
-    """Count parameters and buffers. Returns :class:`rpx_core.types.counts.ParamsResult`, or None to pass. First result wins.
+def stage_hook_specs(stages: Iterable[Stage]) -> Any:
+    """A namespace holding the hookspec ``rpx_<name>(ctx)`` (first result wins) of each declared stage, for
+    ``PluginManager.add_hookspecs``."""
+    specs = {}
+    for stage in stages:
 
-    Example: ``if ctx.backend.framework != "mine": return None`` then
-    ``return ParamsResult(total=..., trainable=..., non_trainable=..., buffers=..., bytes_at_precision=...,
-    precision=ctx.job.precision)``.
-    """
+        def spec(ctx: Any) -> Any: ...
 
-
-@hookspec(firstresult=True)
-def rpx_count_flops(ctx: StageContext) -> Any:
-    """Count FLOPs and MACs of one pass (``ctx.options("count_flops")``: backward, batch size, where to count).
-    Returns :class:`rpx_core.types.counts.FlopsResult` (FLOPs = 2 x MACs for matrix work; ops without a formula listed in
-    ``uncounted_ops``), or None to pass. First result wins.
-
-    Example: a backend whose compiler reports costs returns ``FlopsResult(...)`` from that report for its own
-    backend name and None otherwise.
-    """
-
-
-@hookspec(firstresult=True)
-def rpx_estimate_traffic(ctx: StageContext) -> Any:
-    """Estimate bytes moved (unfused and fused bounds) and peak activation memory. Returns
-    :class:`rpx_core.types.counts.TrafficResult` with its ``assumptions`` stated, or None to pass. First result wins.
-
-    Example: reuse the counting pass of ``rpx_count_flops`` through ``ctx.cache`` instead of running the model twice.
-    """
-
-
-@hookspec(firstresult=True)
-def rpx_roofline(ctx: StageContext) -> Any:
-    """Lower-bound latency per GPU and precision from ``ctx.results["count_flops"]``/``["estimate_traffic"]`` and
-    ``ctx.gpu_catalog``. Returns :class:`rpx_core.types.roofline.RooflineResult`, or None to pass. First result wins.
-
-    Example: a plugin modelling a chip with a different memory hierarchy returns its own bounds for that chip's
-    backend and None otherwise.
-    """
-
-
-@hookspec(firstresult=True)
-def rpx_system_card(ctx: StageContext) -> Any:
-    """Describe the machine and the run settings. Returns :class:`rpx_core.types.system_card.SystemCard`, or None to pass.
-    First result wins.
-
-    Example: a plugin for an embedded board whose CPU name is not in /proc/cpuinfo returns
-    ``attrs.evolve(machine_card(), host_processor_model_name=board_cpu_name())``.
-    """
-
-
-@hookspec(firstresult=True)
-def rpx_measure_latency(ctx: StageContext) -> Any:
-    """Measure latency percentiles at batch 1, throughput per batch size and peak memory of the measured region.
-    Returns :class:`rpx_core.types.latency.LatencyResult`, or None to pass. First result wins.
-
-    Example: a remote-device plugin times calls on the device itself and returns the samples' statistics, built with
-    :mod:`rpx_core.stats` so percentiles follow the same method and sufficiency rules.
-    """
-
-
-@hookspec(firstresult=True)
-def rpx_batch_search(ctx: RunContext) -> Any:
-    """Search batch sizes for a pipeline of models under a memory budget. Receives a
-    :class:`rpx_core.context.RunContext` (one StageContext per model, the options, the backend). Returns
-    :class:`rpx_core.types.batch_search.BatchSearchResult`, or None to pass. First result wins.
-
-    Example: a plugin that runs each trial in a fresh subprocess returns the same result type from its own runner.
-    """
+        spec.__name__ = spec.__qualname__ = stage.hook
+        spec.__doc__ = f"Stage {stage.name!r}: {stage.doc or stage.description}. First non-None result wins."
+        specs[stage.hook] = hookspec(firstresult=True)(spec)
+    return types.SimpleNamespace(**specs)

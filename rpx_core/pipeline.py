@@ -18,14 +18,14 @@ from typing import Any, Callable, Literal
 
 import attrs
 
-from rpx_core import __version__
 from rpx_core.context import Job, RunContext, StageContext
-from rpx_core.errors import BackendUnavailable, RpxError
+from rpx_core.errors import BackendUnavailable, RpxError, UnsupportedError
 from rpx_core.plan import Plan
-from rpx_core.plugins import Plugins
+from rpx_core.plugins import Plugins, Registry, StageHookError
 from rpx_core.results import ModelResult, Provenance, RunResult, StageRecord, check_result, write
-from rpx_core.stages import Provided, StageDef
-from rpx_core.summary import seed_fields
+from rpx_core.stages import Stage
+from rpx_core.summary import summarise
+from rpx_core.version import __version__
 
 Listener = Callable[[str, str, StageRecord], None]  # (model or "<run>", stage, record) after each stage
 
@@ -94,7 +94,7 @@ def run_plan(
         run_ctx = RunContext(contexts, plan.options.get(name), backend, plugins, catalog)
         every_model = [record for model in results.run.models for record in model.stages.items()]
         failed = sorted({need for need, record in every_model if need in registry[name].needs and record.status != "ok"})
-        record = run_stage(registry[name], run_ctx, failed)
+        record = run_stage(registry[name], run_ctx, plugins, failed)
         results.update(run_stages={**results.run.run_stages, name: record})
         if listener:
             listener("<run>", name, record)
@@ -102,7 +102,7 @@ def run_plan(
     return results.run
 
 
-def run_job(ctx: StageContext, registry: dict[str, StageDef], results: ResultsFile, listener: Listener | None) -> ModelResult:
+def run_job(ctx: StageContext, registry: Registry[Stage], results: ResultsFile, listener: Listener | None) -> ModelResult:
     """Run one model's stages in order; each outcome is recorded and written before the next stage starts."""
     job = ctx.job
     records: dict[str, StageRecord] = {}
@@ -112,14 +112,14 @@ def run_job(ctx: StageContext, registry: dict[str, StageDef], results: ResultsFi
         for name in job.stages:
             stage = registry[name]
             try:
-                record = run_stage(stage, ctx, _failed_needs(stage, records))
+                record = run_stage(stage, ctx, ctx.plugins, _failed_needs(stage, records))
             except BaseException:  # Ctrl-C or exit mid-stage: say so in the file, then let it propagate
                 model = attrs.evolve(model, stages={**records, name: StageRecord("failed", error="interrupted")})
                 raise
             records[name] = record
             if record.status == "ok":
                 ctx.results[name] = record.result
-            model = attrs.evolve(model, stages=dict(records), summary=seed_fields(records))
+            model = attrs.evolve(model, stages=dict(records), summary=summarise(records, registry))
             results.put_model(model)
             if listener:
                 listener(job.model.name, name, record)
@@ -133,28 +133,36 @@ def run_job(ctx: StageContext, registry: dict[str, StageDef], results: ResultsFi
     return model
 
 
-def run_stage(stage: StageDef, ctx: Any, failed_needs: list[str]) -> StageRecord:
-    """Run one stage unless something it needs failed; never raise for a stage's own failure."""
+def run_stage(stage: Stage, ctx: Any, plugins: Plugins, failed_needs: list[str]) -> StageRecord:
+    """Run one stage through its hook unless something it needs failed; never raise for a stage's own failure.
+
+    The record names the plugin that answered, or the one that was answering when the stage failed."""
     if failed_needs:
         return StageRecord("skipped", error=f"needs {', '.join(failed_needs)}, which did not succeed")
     started = time.perf_counter()
-    provider = stage.plugin
+    provider = None
     try:
-        result = stage.run(ctx)
-        if isinstance(result, Provided):
-            result, provider = result.result, result.plugin
-        check_result(stage.name, result)
+        try:
+            result, provider = plugins.call_stage(stage, ctx)
+        except StageHookError as exc:
+            provider = exc.plugin
+            raise exc.error from None
+        if provider is None:
+            raise UnsupportedError(f"no installed plugin implements stage {stage.name!r} for backend "
+                                   f"{ctx.backend.name!r} (framework {ctx.backend.framework!r})")
+        check_result(stage.name, stage.result, result)
     except Exception as exc:
         return StageRecord(
             "failed",
             seconds=round(time.perf_counter() - started, 6),
             error=f"{type(exc).__name__}: {exc}",
             traceback="".join(traceback.format_exception(exc)),
+            provided_by=provider,
         )
     return StageRecord("ok", seconds=round(time.perf_counter() - started, 6), provided_by=provider, result=result)
 
 
-def _failed_needs(stage: StageDef, records: dict[str, StageRecord]) -> list[str]:
+def _failed_needs(stage: Stage, records: dict[str, StageRecord]) -> list[str]:
     return [need for need in stage.needs if need in records and records[need].status != "ok"]
 
 

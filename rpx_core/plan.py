@@ -10,13 +10,14 @@ from typing import Any
 
 import attrs
 
+from rpx_core.backends import Backend
 from rpx_core.context import Job
 from rpx_core.convert import structure
-from rpx_core.errors import RpxError, SpecError, did_you_mean
+from rpx_core.errors import PluginError, RpxError, SpecError, did_you_mean
 from rpx_core.gpus import GPUCatalog
-from rpx_core.plugins import Plugins, choose_one_of
+from rpx_core.plugins import Plugins, Registry, choose_one_of
 from rpx_core.spec import ModelSpec, Spec
-from rpx_core.stages import StageDef, resolve_order
+from rpx_core.stages import Stage, resolve_order
 
 
 @attrs.frozen
@@ -33,7 +34,7 @@ class Plan:
 
 
 def make_plan(spec: Spec, plugins: Plugins, *, where: str = "<spec>", stages: tuple[str, ...] | None = None) -> Plan:
-    """Resolve stage dependencies, check options, backend and GPU names, and describe each model's job."""
+    """Resolve stage dependencies, check options, backend, precision and GPU names, and describe each model's job."""
     registry = plugins.stages(spec.choose)
     try:
         order = resolve_order(stages or spec.stages, registry)
@@ -43,10 +44,14 @@ def make_plan(spec: Spec, plugins: Plugins, *, where: str = "<spec>", stages: tu
     if spec.backend not in backends:
         raise SpecError(f"{where}: backend: {spec.backend!r} not recognized. {choose_one_of(spec.backend, backends)}")
     backend = backends[spec.backend]
+    check_choices(spec, registry, backends, where)
     check_scopes(order, registry, where)
     options = structure_options(spec, registry, order, where)
     catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose)
-    check_gpus(spec, catalog, order, where)
+    problems = [*stage_problems(spec, registry, order, options), *precision_problems(spec, backend, registry, order, options)]
+    problems += gpu_problems(spec, catalog)
+    if problems:
+        raise SpecError("\n".join(f"{where}: {problem}" for problem in problems))
     device = spec.device or backend.default_device()
     model_stages = tuple(name for name in order if registry[name].scope == "model")
     jobs = tuple(
@@ -66,7 +71,20 @@ def make_plan(spec: Spec, plugins: Plugins, *, where: str = "<spec>", stages: tu
     return Plan(spec, tuple(order), run_stages, jobs, options, catalog, where)
 
 
-def check_scopes(order: list[str], registry: dict[str, StageDef], where: str) -> None:
+def check_choices(spec: Spec, stages: Registry[Stage], backends: Registry[Backend], where: str) -> None:
+    """Every ``[choose]`` entry must name a registered name and a plugin that registers it."""
+    for kind, registry, chosen in (("backends", backends, spec.choose.backends), ("stages", stages, spec.choose.stages)):
+        for name in chosen:
+            if name not in registry:
+                raise SpecError(f"{where}: choose.{kind}.{name}: no plugin registers {registry.kind} {name!r}"
+                                f"{did_you_mean(name, registry)}")
+            try:
+                registry.entry(name)
+            except PluginError as exc:
+                raise SpecError(f"{where}: {exc}") from None
+
+
+def check_scopes(order: list[str], registry: Registry[Stage], where: str) -> None:
     """A per-model stage runs before the run-scoped ones, so it cannot need one."""
     for name in order:
         stage = registry[name]
@@ -75,7 +93,25 @@ def check_scopes(order: list[str], registry: dict[str, StageDef], where: str) ->
             raise SpecError(f"{where}: stages: per-model stage {name!r} needs run-scoped stage {wrong[0]!r}, which runs after it")
 
 
-def structure_options(spec: Spec, registry: dict[str, StageDef], order: list[str], where: str) -> dict[str, Any]:
+def stage_problems(spec: Spec, registry: Registry[Stage], order: list[str], options: dict[str, Any]) -> list[str]:
+    """What each stage's own ``check`` finds in the spec before anything runs."""
+    return [problem for name in order for problem in registry[name].check(spec, options.get(name))]
+
+
+def precision_problems(spec: Spec, backend: Backend, registry: Registry[Stage], order: list[str],
+                       options: dict[str, Any]) -> list[str]:
+    """A stage that executes the model needs a precision the backend executes; counting on meta needs none."""
+    if spec.precision in backend.precisions:
+        return []
+    executing = [name for name in order if registry[name].executes(options.get(name))]
+    if not executing:
+        return []
+    return [f"precision: backend {backend.name!r} cannot execute {spec.precision!r} (it executes "
+            f"{', '.join(backend.precisions)}), which stage {executing[0]!r} needs; choose another precision or "
+            f"drop {', '.join(map(repr, executing))}"]
+
+
+def structure_options(spec: Spec, registry: Registry[Stage], order: list[str], where: str) -> dict[str, Any]:
     """The options of each stage that runs or that the spec configures, as its options class (defaults when absent)."""
     for name in spec.options:
         if name not in registry:
@@ -92,16 +128,15 @@ def structure_options(spec: Spec, registry: dict[str, StageDef], order: list[str
     return options
 
 
-def check_gpus(spec: Spec, catalog: GPUCatalog, order: list[str], where: str) -> None:
-    if "roofline" in order and not spec.gpus:
-        raise SpecError(f'{where}: gpus: the roofline stage needs GPUs to bound: names from `rpx gpus`, or ["all"]')
+def gpu_problems(spec: Spec, catalog: GPUCatalog) -> list[str]:
+    """Every GPU name must be known (and unambiguous); "all" needs every name settled."""
+    problems = []
     for index, name in enumerate(spec.gpus):
-        if name == "all":
-            continue
         try:
-            catalog.get(name)
+            catalog.all() if name == "all" else catalog.get(name)
         except RpxError as exc:
-            raise SpecError(f"{where}: gpus[{index}]: {exc}") from None
+            problems.append(f"gpus[{index}]: {exc}")
+    return problems
 
 
 def gpu_pack_paths(spec: Spec) -> list[Path]:

@@ -1,8 +1,16 @@
 """Loading plugins and every call into them, behind typed methods (the rest of rpx never touches ``pm.hook``).
 
-Built-in plugins (``BUILTIN``, modules of rpx_plugins) and third-party ones (entry-point group ``rpx``) load the same way, so both
-are listed and disabled alike. A third-party plugin that fails to import is a warning (an error with ``strict``); a
-misspelled hook is always an error; two plugins registering the same name is an error naming both.
+Built-in plugins (``BUILTIN``, modules of rpx_plugins) and third-party ones (entry-point group ``rpx``) load the same
+way, so both are listed and disabled alike. Loading is defensive so that ``rpx plugins`` can always show what is wrong:
+
+* a plugin that fails to import is a warning (an error with ``strict``);
+* a plugin whose hooks are malformed (an unknown ``rpx_*`` name, wrong argument names, a hook wrapper) is *invalid*:
+  it is not registered, ``rpx plugins`` shows why, and every other command refuses to run with that one line;
+* a function named like a hook but missing ``@hookimpl`` is registered as if it had it (as pytest does);
+* a name two plugins register (backend, GPU, stage) is an error only where that name is used; ``[choose]`` settles it.
+
+Call order of a stage hook: third-party plugins in alphabetical order of their names, then the built-ins (``trylast``);
+``tryfirst``/``trylast`` on a hook implementation move it to the front or the back.
 """
 
 from __future__ import annotations
@@ -10,31 +18,34 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+import inspect
 import os
 import sys
 import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
 import pluggy
 
-from rpx_core import __version__, hookspecs
+from rpx_core import hookspecs
 from rpx_core.errors import BackendUnavailable, PluginError, RpxError, did_you_mean
 from rpx_core.results import PluginInfo
+from rpx_core.version import __version__
 
 if TYPE_CHECKING:
     from rpx_core.backends import Backend
     from rpx_core.gpus import GPUCatalog
     from rpx_core.spec import Choices
-    from rpx_core.stages import StageDef
+    from rpx_core.stages import Stage
 
 ENTRY_POINT_GROUP = "rpx"
 DISABLE_ENV = "RPX_DISABLE_PLUGINS"  # comma-separated plugin names
 STRICT_ENV = "RPX_STRICT_PLUGINS"  # "1": a plugin that fails to import is an error
 GPU_PACKS_ENV = "RPX_GPU_PACKS"  # extra GPU pack TOML files, separated like PATH
-TRACE_ENV = "RPX_TRACE_HOOKS"  # "1": print every hook call and the plugin that answered to stderr
-HOOK_NAMES = frozenset(name for name in dir(hookspecs) if name.startswith("rpx_"))
+TRACE_ENV = "RPX_TRACE_HOOKS"  # "1": print every stage hook call and the plugin that answered to stderr
+PREFIX = f"{hookspecs.PROJECT}_"
 
 #: The built-in plugins (modules of rpx_plugins), by short name, registered in this order before entry-point plugins
 #: and listed and disabled exactly like them.
@@ -60,25 +71,102 @@ class PluginLoadWarning(UserWarning):
     """A third-party plugin could not be imported; rpx runs without it."""
 
 
+class StageHookError(Exception):
+    """A stage hook implementation raised: carries the plugin that was answering, so the failure names it."""
+
+    def __init__(self, plugin: str, error: BaseException) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.plugin = plugin
+        self.error = error
+
+
 def disabled_from_env() -> set[str]:
     return {name.strip() for name in os.environ.get(DISABLE_ENV, "").split(",") if name.strip()}
+
+
+class _Manager(pluggy.PluginManager):
+    """pluggy's manager, also taking ``rpx_*`` functions without ``@hookimpl``: a forgotten marker must not make an
+    implementation silently disappear."""
+
+    def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
+        opts = super().parse_hookimpl_opts(plugin, name)
+        if opts is None and name.startswith(PREFIX) and inspect.isroutine(getattr(plugin, name, None)):
+            return {}
+        return opts
+
+
+@attrs.frozen
+class Registry(Generic[T]):
+    """Names a registration hook returned -> the objects; a name several plugins registered is an error only when it
+    is looked up (unless ``chosen`` picks a plugin), so one clash never breaks commands that do not use the name."""
+
+    kind: str  # "backend", "stage": for messages and the [choose] table name
+    candidates: dict[str, list[tuple[T, str]]]  # name -> (object, plugin name) per registering plugin
+    chosen: dict[str, str]  # name -> plugin name, from the spec's [choose] table
+    describe: Callable[[str], str]  # plugin name -> "plugin 'x' (dist version)"
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.candidates
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self.candidates))
+
+    def __len__(self) -> int:
+        return len(self.candidates)
+
+    def __getitem__(self, name: str) -> T:
+        return self.entry(name)[0]
+
+    def provider(self, name: str) -> str:
+        """The plugin whose registration of ``name`` is used."""
+        return self.entry(name)[1]
+
+    def entry(self, name: str) -> tuple[T, str]:
+        options = self.candidates[name]
+        if name in self.chosen:
+            picked = [option for option in options if option[1] == self.chosen[name]]
+            if not picked:
+                providers = ", ".join(repr(plugin) for _, plugin in options)
+                raise PluginError(f"choose.{self.kind}s.{name}: {self.chosen[name]!r} does not register {self.kind} "
+                                  f"{name!r}; it is registered by {providers}")
+            return picked[0]
+        if len(options) > 1:
+            (_, first), (_, second) = options[:2]
+            raise PluginError(
+                f"{self.kind} {name!r} is registered by {self.describe(first)} and by {self.describe(second)}; "
+                f'choose one in the spec: [choose.{self.kind}s] "{name}" = "{first}"'
+            )
+        return options[0]
+
+    def clashes(self) -> dict[str, list[str]]:
+        """Names registered by several plugins and not settled by a choice -> those plugins."""
+        return {name: [plugin for _, plugin in options] for name, options in self.candidates.items()
+                if len(options) > 1 and name not in self.chosen}
+
+    def unambiguous(self) -> dict[str, T]:
+        """Every name with exactly one usable registration (for listings)."""
+        return {name: self[name] for name in self if name not in self.clashes()}
 
 
 class Plugins:
     """The loaded plugin set of one rpx process."""
 
-    def __init__(self, manager: pluggy.PluginManager, infos: list[PluginInfo]) -> None:
+    def __init__(self, manager: _Manager, infos: list[PluginInfo]) -> None:
         self._pm = manager
         self._infos = infos
+        self._stage_specs: set[str] = set()
 
     # -- loading -------------------------------------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, disabled: Iterable[str] = (), *, strict: bool | None = None, entry_points: bool = True) -> Plugins:
-        """Register built-in plugins, then entry-point plugins, skipping ``disabled`` (plus ``RPX_DISABLE_PLUGINS``)."""
+    def load(cls, disabled: Iterable[str] = (), *, strict: bool | None = None, entry_points: bool = True,
+             tolerant: bool = False) -> Plugins:
+        """Register built-in plugins, then entry-point plugins, skipping ``disabled`` (plus ``RPX_DISABLE_PLUGINS``).
+
+        An invalid plugin is an error unless ``tolerant`` (``rpx plugins`` loads tolerantly to show it)."""
         disabled = set(disabled) | disabled_from_env()
         strict = os.environ.get(STRICT_ENV) == "1" if strict is None else strict
-        manager = pluggy.PluginManager(hookspecs.PROJECT)
+        manager = _Manager(hookspecs.PROJECT)
         manager.add_hookspecs(hookspecs)
         plugins = cls(manager, [])
         for name, module_name in BUILTIN.items():
@@ -87,15 +175,18 @@ class Plugins:
             else:
                 plugins._register(importlib.import_module(module_name), name, "rpx", __version__, builtin=True)
         if entry_points:
-            for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            # Registered in reverse alphabetical order: pluggy asks the last registered first, so calls go a, b, c.
+            found = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name, reverse=True)
+            for entry_point in found:
                 plugins._load_entry_point(entry_point, disabled, strict)
         unknown = disabled - {info.name for info in plugins._infos}
         if unknown:
             warnings.warn(f"cannot disable unknown plugin(s): {', '.join(sorted(unknown))}", PluginLoadWarning, stacklevel=2)
-        try:
-            manager.check_pending()
-        except pluggy.PluginValidationError as exc:
-            raise PluginError(f"plugin {manager.get_name(exc.plugin)!r}: {exc}") from None
+        plugins._add_stage_hooks()
+        plugins._refuse_unknown_hooks()
+        invalid = [info for info in plugins._infos if info.status == "invalid"]
+        if invalid and not tolerant:
+            raise PluginError("; ".join(info.error or info.name for info in invalid) + " (see `rpx plugins`)")
         return plugins
 
     def _load_entry_point(self, entry_point: importlib.metadata.EntryPoint, disabled: set[str], strict: bool) -> None:
@@ -105,10 +196,10 @@ class Plugins:
             self._infos.append(PluginInfo(entry_point.name, dist_name, version, False, "disabled"))
             return
         if self._pm.has_plugin(entry_point.name):
-            raise PluginError(
+            self._infos.append(PluginInfo(entry_point.name, dist_name, version, False, "invalid", error=(
                 f"plugin name {entry_point.name!r} from {dist_name} {version} is already taken by "
-                f"{self._provider(entry_point.name)}"
-            )
+                f"{self.describe(entry_point.name)}")))
+            return
         try:
             plugin = entry_point.load()
         except Exception as exc:
@@ -121,25 +212,74 @@ class Plugins:
         self._register(plugin, entry_point.name, dist_name, version, builtin=False)
 
     def _register(self, plugin: Any, name: str, dist_name: str, version: str, *, builtin: bool) -> None:
-        _check_hook_names(plugin, name)
-        try:
-            self._pm.register(plugin, name=name)
-        except (pluggy.PluginValidationError, ValueError) as exc:
-            raise PluginError(f"plugin {name!r} ({dist_name} {version}): {exc}") from None
-        hooks = tuple(sorted(impl.name for impl in self._pm.get_hookcallers(plugin) or ()))
-        self._infos.append(PluginInfo(name, dist_name, version, builtin, "loaded", hooks))
+        problem = self._hook_problem(plugin, name)
+        if problem is None:
+            try:
+                self._pm.register(plugin, name=name)
+            except (pluggy.PluginValidationError, ValueError) as exc:
+                problem = f"plugin {name!r}: {str(exc).splitlines()[-1]}"
+        if problem is not None:
+            self._infos.append(PluginInfo(name, dist_name, version, builtin, "invalid", error=problem))
+            return
+        self._infos.append(PluginInfo(name, dist_name, version, builtin, "loaded", self._hooks_of(plugin)))
+
+    def _hook_problem(self, plugin: Any, name: str) -> str | None:
+        """Why ``plugin``'s hooks cannot be registered (a wrapper, or arguments its hook does not pass), or None."""
+        for attribute in dir(plugin):
+            opts = self._pm.parse_hookimpl_opts(plugin, attribute)
+            if opts is None:
+                continue
+            if opts.get("wrapper") or opts.get("hookwrapper"):
+                return f"plugin {name!r}: {attribute!r} is a hook wrapper, which rpx does not support"
+            caller = getattr(self._pm.hook, attribute, None)
+            expected = tuple(caller.spec.argnames) if caller is not None and caller.spec is not None else ("ctx",)
+            if not attribute.startswith(f"{PREFIX}register_") or caller is not None:
+                problem = _argument_problem(name, attribute, getattr(plugin, attribute), expected)
+                if problem:
+                    return problem
+        return None
+
+    def _hooks_of(self, plugin: Any) -> tuple[str, ...]:
+        return tuple(sorted(impl.name for impl in self._pm.get_hookcallers(plugin) or ()))
+
+    def _add_stage_hooks(self) -> None:
+        """Give every declared stage its hook spec, so its implementations are checked and called like any hook."""
+        names = [name for name in self.stages().candidates if f"{PREFIX}{name}" not in self._stage_specs]
+        stages = [self.stages().candidates[name][0][0] for name in names]
+        if stages:
+            self._pm.add_hookspecs(hookspecs.stage_hook_specs(stages))
+            self._stage_specs.update(stage.hook for stage in stages)
+
+    def _refuse_unknown_hooks(self) -> None:
+        """An ``rpx_*`` function that is no hook is a typo that would never be called: that plugin is invalid."""
+        known = {name for name in vars(self._pm.hook) if not name.startswith("_")
+                 and getattr(self._pm.hook, name).spec is not None}
+        for hook_name in sorted(vars(self._pm.hook)):
+            caller = getattr(self._pm.hook, hook_name)
+            if hook_name.startswith("_") or caller.spec is not None:
+                continue
+            for impl in caller.get_hookimpls():
+                self._invalidate(impl.plugin_name, f"plugin {impl.plugin_name!r}: {hook_name!r} is not an rpx hook"
+                                 f"{did_you_mean(hook_name, known)}")
+
+    def _invalidate(self, name: str, reason: str) -> None:
+        self._pm.unregister(name=name)
+        self._infos = [attrs.evolve(info, status="invalid", error=reason, hooks=()) if info.name == name else info
+                       for info in self._infos]
 
     def register(self, plugin: Any, name: str) -> None:
         """Register a plugin object at run time (notebooks, tests); it is asked before the built-ins."""
         self._register(plugin, name, "<runtime>", "-", builtin=False)
-        try:
-            self._pm.check_pending()
-        except pluggy.PluginValidationError as exc:
-            self.unregister(name)
-            raise PluginError(f"plugin {name!r}: {exc}") from None
+        self._add_stage_hooks()
+        self._refuse_unknown_hooks()
+        info = self._info(name)
+        if info.status == "invalid":
+            self._infos.remove(info)
+            raise PluginError(info.error or f"plugin {name!r} is invalid")
 
     def unregister(self, name: str) -> None:
-        self._pm.unregister(name=name)
+        if self._pm.has_plugin(name):
+            self._pm.unregister(name=name)
         self._infos = [info for info in self._infos if info.name != name]
 
     # -- introspection -------------------------------------------------------------------------------------------------
@@ -147,42 +287,44 @@ class Plugins:
     def infos(self) -> list[PluginInfo]:
         return list(self._infos)
 
-    def _provider(self, plugin_name: str) -> str:
-        return f"plugin {plugin_name!r} ({self._distribution(plugin_name)})"
+    def _info(self, plugin_name: str) -> PluginInfo:
+        return next(info for info in reversed(self._infos) if info.name == plugin_name)
 
-    def _distribution(self, plugin_name: str) -> str:
-        info = next(info for info in self._infos if info.name == plugin_name)
-        return f"{info.distribution} {info.version}"
+    def describe(self, plugin_name: str) -> str:
+        """``plugin 'x' (distribution version)``, for messages that name a provider."""
+        info = self._info(plugin_name)
+        return f"plugin {plugin_name!r} ({info.distribution} {info.version})"
+
+    def hook_order(self, hook: str) -> list[str]:
+        """The plugins implementing ``hook``, in the order they are asked."""
+        caller = getattr(self._pm.hook, hook, None)
+        return [impl.plugin_name for impl in _implementations(caller)] if caller is not None else []
+
+    def problems(self) -> list[str]:
+        """Everything wrong with the plugin set, one line each: invalid or failed plugins and unsettled name clashes."""
+        lines = [f"{info.name}: {info.status}: {info.error}" for info in self._infos if info.status in ("invalid", "failed")]
+        for registry in (self.backends(), self.stages()):
+            for name, providers in registry.clashes().items():
+                lines.append(f"{registry.kind} {name!r} is registered by {', '.join(map(repr, providers))}; "
+                             f"choose one with [choose.{registry.kind}s]")
+        return lines
 
     # -- registrations -------------------------------------------------------------------------------------------------
 
-    def _collect(self, hook: str, key: Callable[[T], str], kind: str, chosen: dict[str, str]) -> dict[str, tuple[T, str]]:
-        """Call a registration hook plugin by plugin; return name -> (object, plugin name). A name registered more
-        than once needs the spec's ``choose`` to pick a provider; a choice naming a plugin that does not register
-        that name is refused too."""
+    def _collect(self, hook: str, key: Callable[[T], str], kind: str, chosen: Mapping[str, str]) -> Registry[T]:
+        """Call a registration hook plugin by plugin; a plugin whose hook raises is named in the error."""
         candidates: dict[str, list[tuple[T, str]]] = {}
         for impl in _implementations(getattr(self._pm.hook, hook)):
-            for item in impl.function() or ():
+            try:
+                items = impl.function() or ()
+            except Exception as exc:
+                raise PluginError(f"plugin {impl.plugin_name!r}: {hook} raised {type(exc).__name__}: {exc}") from exc
+            for item in items:
                 candidates.setdefault(key(item), []).append((item, impl.plugin_name))
-        for name, pick in chosen.items():
-            providers = [plugin for _, plugin in candidates.get(name, [])]
-            if pick not in providers:
-                raise PluginError(f"choose.{kind}s: {name!r} = {pick!r}, but {kind} {name!r} is registered by "
-                                  f"{', '.join(map(repr, providers)) or 'no plugin'}")
-        found: dict[str, tuple[T, str]] = {}
-        for name, options in candidates.items():
-            if len(options) > 1 and name not in chosen:
-                (_, first), (_, second) = options[:2]
-                raise PluginError(
-                    f"{kind} {name!r} is registered by {self._provider(first)} and by {self._provider(second)}; "
-                    f'choose one in the spec, e.g. choose = {{ {kind}s = {{ "{name}" = "{first}" }} }}'
-                )
-            found[name] = next(option for option in options if option[1] == chosen.get(name, option[1]))
-        return found
+        return Registry(kind, candidates, dict(chosen), self.describe)
 
-    def backends(self, choose: Choices | None = None) -> dict[str, Backend]:
-        chosen = choose.backends if choose else {}
-        return {name: item for name, (item, _) in self._collect("rpx_register_backends", lambda b: b.name, "backend", chosen).items()}
+    def backends(self, choose: Choices | None = None) -> Registry[Backend]:
+        return self._collect("rpx_register_backends", lambda b: b.name, "backend", choose.backends if choose else {})
 
     def backend(self, name: str, choose: Choices | None = None, *, require_available: bool = True) -> Backend:
         """The named backend; an unknown name or an unavailable backend is one clear error."""
@@ -194,10 +336,8 @@ class Plugins:
             raise BackendUnavailable(f"backend {name!r} is not available on this machine: {backend.availability.reason}")
         return backend
 
-    def stages(self, choose: Choices | None = None) -> dict[str, StageDef]:
-        chosen = choose.stages if choose else {}
-        found = self._collect("rpx_register_stages", lambda s: s.name, "stage", chosen)
-        return {name: attrs.evolve(item, plugin=plugin) for name, (item, plugin) in found.items()}
+    def stages(self, choose: Choices | None = None) -> Registry[Stage]:
+        return self._collect("rpx_register_stages", lambda s: s.name, "stage", choose.stages if choose else {})
 
     def gpu_catalog(self, extra_packs: Iterable[Path] = (), choose: Choices | None = None) -> GPUCatalog:
         """Every GPU from plugin packs, the user's pack files and ``RPX_GPU_PACKS``; clashing names need ``[choose.gpus]``."""
@@ -207,21 +347,28 @@ class Plugins:
         for impl in _implementations(self._pm.hook.rpx_register_gpu_packs):
             for path in impl.function() or ():
                 path = Path(path) if isinstance(path, str) else path  # Path or importlib.resources Traversable
-                packs.append(load_pack(path, provider=self._distribution(impl.plugin_name)))
+                info = self._info(impl.plugin_name)
+                packs.append(load_pack(path, provider=f"{info.distribution} {info.version}"))
         from_env = [Path(path) for path in os.environ.get(GPU_PACKS_ENV, "").split(os.pathsep) if path]
         packs.extend(load_pack(Path(path), provider=str(path)) for path in [*extra_packs, *from_env])
         return GPUCatalog(packs, choose=choose.gpus if choose else {})
 
     # -- stage hooks ---------------------------------------------------------------------------------------------------
 
-    def call_stage_hook(self, stage: str, ctx: Any) -> tuple[Any, str | None]:
-        """Ask plugins (third-party first, built-ins last) to run ``stage``; return the first non-None result and
-        the name of the plugin that produced it (recorded with the result, so every figure names its source)."""
+    def call_stage(self, stage: Stage, ctx: Any) -> tuple[Any, str | None]:
+        """Ask plugins in call order to run ``stage``; return the first non-None result and the plugin that produced
+        it (recorded with the result, so every figure names its source). An implementation that raises is re-raised
+        as StageHookError naming its plugin."""
         trace = os.environ.get(TRACE_ENV) == "1"
-        for impl in _implementations(getattr(self._pm.hook, f"rpx_{stage}")):
-            result = impl.function(**{name: ctx for name in impl.argnames})
+        for impl in _implementations(getattr(self._pm.hook, stage.hook)):
+            try:
+                result = impl.function(**{name: ctx for name in impl.argnames})
+            except Exception as exc:
+                if trace:
+                    print(f"rpx: hook {stage.hook} [{impl.plugin_name}] raised {type(exc).__name__}", file=sys.stderr)
+                raise StageHookError(impl.plugin_name, exc) from exc
             if trace:
-                print(f"rpx: hook rpx_{stage} [{impl.plugin_name}] -> {type(result).__name__}", file=sys.stderr)
+                print(f"rpx: hook {stage.hook} [{impl.plugin_name}] -> {type(result).__name__}", file=sys.stderr)
             if result is not None:
                 return result, impl.plugin_name
         return None, None
@@ -231,8 +378,23 @@ def _implementations(hook: Any) -> list[Any]:
     """A hook's implementations in pluggy's call order (tryfirst first, trylast last, otherwise last registered first).
 
     rpx calls them one by one to know which plugin produced each result; wrappers have nothing to wrap here, so a
-    wrapper implementation is refused when the plugin registers (see ``_check_hook_names``)."""
-    return list(reversed(hook.get_hookimpls()))
+    wrapper implementation makes its plugin invalid."""
+    return list(reversed(hook.get_hookimpls())) if hook is not None else []
+
+
+def _argument_problem(plugin: str, hook: str, function: Any, expected: tuple[str, ...]) -> str | None:
+    """A hook implementation may take any of its hook's arguments, by name, and nothing else."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return None
+    names = tuple(name for name, parameter in parameters.items() if parameter.default is inspect.Parameter.empty
+                  and parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD))
+    unknown = [name for name in names if name not in expected]
+    if unknown:
+        wanted = ", ".join(expected) or "no arguments"
+        return f"plugin {plugin!r}: {hook}({', '.join(names)}) takes {', '.join(map(repr, unknown))}; {hook} passes: {wanted}"
+    return None
 
 
 def choose_one_of(name: str, valid: Iterable[str]) -> str:
@@ -240,14 +402,3 @@ def choose_one_of(name: str, valid: Iterable[str]) -> str:
     close = difflib.get_close_matches(name, valid, n=3)
     ordered = close + [v for v in valid if v not in close]
     return f"Choose one of: {', '.join(ordered)}" if ordered else "None is registered."
-
-
-def _check_hook_names(plugin: Any, name: str) -> None:
-    """A function named like a hook that is not one is a typo that would be silently ignored: refuse it. Hook
-    wrappers are refused too: rpx calls implementations one by one, so there is no call for them to wrap."""
-    for attribute in dir(plugin):
-        options = getattr(getattr(plugin, attribute, None), f"{hookspecs.PROJECT}_impl", None)
-        if options and (options.get("wrapper") or options.get("hookwrapper")):
-            raise PluginError(f"plugin {name!r}: {attribute!r} is a hook wrapper, which rpx does not support")
-        if attribute.startswith("rpx_") and attribute not in HOOK_NAMES and callable(getattr(plugin, attribute)):
-            raise PluginError(f"plugin {name!r}: {attribute!r} is not an rpx hook{did_you_mean(attribute, HOOK_NAMES)}")

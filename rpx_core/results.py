@@ -1,15 +1,15 @@
 """The results file: schema-versioned attrs models, written as TOML or JSON by the one converter.
 
-A run's file is rewritten atomically after every stage, so whatever was measured survives a later crash. Each built-in
-stage's result has a known type (looked up lazily by stage name when loading); third-party stage results load as dicts.
+A run's file is rewritten atomically after every stage, so whatever was measured survives a later crash. Each stage's
+result reloads as the type its declaration names (``Stage.result``); a stage no loaded plugin declares loads as data.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,17 +19,6 @@ from rpx_core.convert import converter, describe_errors
 from rpx_core.errors import RpxError
 
 SCHEMA_VERSION = 1
-
-#: Result type of each built-in stage, as "module:Class" so loading a results file imports only what it needs.
-RESULT_TYPES = {
-    "count_params": "rpx_core.types.counts:ParamsResult",
-    "count_flops": "rpx_core.types.counts:FlopsResult",
-    "estimate_traffic": "rpx_core.types.counts:TrafficResult",
-    "roofline": "rpx_core.types.roofline:RooflineResult",
-    "system_card": "rpx_core.types.system_card:SystemCard",
-    "measure_latency": "rpx_core.types.latency:LatencyResult",
-    "batch_search": "rpx_core.types.batch_search:BatchSearchResult",
-}
 
 Status = Literal["ok", "failed", "skipped"]
 
@@ -87,9 +76,9 @@ class PluginInfo:
     distribution: str
     version: str
     builtin: bool
-    status: Literal["loaded", "disabled", "failed"]
+    status: Literal["loaded", "disabled", "failed", "invalid"]
     hooks: tuple[str, ...] = ()
-    error: str | None = None
+    error: str | None = None  # why it failed to import or is invalid
 
 
 @attrs.frozen
@@ -127,36 +116,47 @@ class RunResult:
         raise KeyError(f"no model {name!r} in results; have {', '.join(m.name for m in self.models)}")
 
 
-def result_type(stage: str) -> type | None:
-    target = RESULT_TYPES.get(stage)
-    if target is None:
-        return None
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def _structure_stage_records(data: dict[str, Any], _: Any) -> StageRecords:
-    records = {}
-    for stage, raw in data.items():
-        raw = dict(raw)
-        payload = raw.pop("result", None)
-        kind = result_type(stage)
-        result = converter.structure(payload, kind) if (payload is not None and kind is not None) else payload
-        records[stage] = attrs.evolve(converter.structure(raw, StageRecord), result=result)
-    return records
-
-
-converter.register_structure_hook_func(lambda t: t == StageRecords, _structure_stage_records)
+converter.register_structure_hook_func(lambda t: t == StageRecords, lambda data, _: _structure_records(data))
 converter.register_unstructure_hook_func(
     lambda t: t == StageRecords,
     lambda records: {name: converter.unstructure(record, StageRecord) for name, record in records.items()},
 )
 
 
-def check_result(stage: str, result: Any) -> None:
+def _structure_records(data: dict[str, Any]) -> StageRecords:
+    """Stage records with their results as plain data; :func:`typed` turns them into each stage's result type."""
+    return {stage: converter.structure(raw, StageRecord) for stage, raw in data.items()}
+
+
+def typed(run: RunResult, result_types: Mapping[str, type | None], *, where: str = "<results>") -> RunResult:
+    """``run`` with every stage result structured into its stage's result type (plain data where none is known)."""
+
+    def convert(records: StageRecords, path: str) -> StageRecords:
+        converted = {}
+        for stage, record in records.items():
+            kind = result_types.get(stage)
+            if kind is None or not isinstance(record.result, dict):
+                converted[stage] = record
+                continue
+            try:
+                converted[stage] = attrs.evolve(record, result=converter.structure(record.result, kind))
+            except Exception as exc:
+                lines = describe_errors(exc, f"{path}.{stage}.result")
+                raise RpxError(f"{where}: not an rpx results file: {lines[0]}" + _more(lines)) from None
+        return converted
+
+    models = tuple(attrs.evolve(model, stages=convert(model.stages, f"models[{index}].stages"))
+                   for index, model in enumerate(run.models))
+    return attrs.evolve(run, models=models, run_stages=convert(run.run_stages, "run_stages"))
+
+
+def _more(lines: list[str]) -> str:
+    return f" (+{len(lines) - 1} more)" if len(lines) > 1 else ""
+
+
+def check_result(stage: str, kind: type | None, result: Any) -> None:
     """Refuse a result that is not the stage's result type or that TOML and JSON cannot hold, so one bad plugin
     result fails its own stage instead of the whole run (and the file that holds everything else)."""
-    kind = result_type(stage)
     if kind is not None and not isinstance(result, kind):
         raise TypeError(f"stage {stage!r} must return {kind.__name__}, got {type(result).__name__}")
     import tomli_w
@@ -197,7 +197,9 @@ def format_for(path: Path) -> Literal["toml", "json"]:
     return "json" if path.suffix.lower() == ".json" else "toml"
 
 
-def loads(text: str, fmt: Literal["toml", "json"] = "toml", *, where: str = "<results>") -> RunResult:
+def loads(text: str, fmt: Literal["toml", "json"] = "toml", *, where: str = "<results>",
+          result_types: Mapping[str, type | None] | None = None) -> RunResult:
+    """Parse a results file; stage results become their ``result_types`` (stage name -> class), else stay data."""
     try:
         data = json.loads(text) if fmt == "json" else tomllib.loads(text)
     except ValueError as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
@@ -206,14 +208,15 @@ def loads(text: str, fmt: Literal["toml", "json"] = "toml", *, where: str = "<re
     if version != SCHEMA_VERSION:
         raise RpxError(f"{where}: results schema_version {version!r} is not supported by this rpx (reads {SCHEMA_VERSION})")
     try:
-        return converter.structure(data, RunResult)
+        run = converter.structure(data, RunResult)
     except Exception as exc:
         lines = describe_errors(exc)
-        raise RpxError(f"{where}: not an rpx results file: {lines[0]}" + (f" (+{len(lines) - 1} more)" if len(lines) > 1 else "")) from None
+        raise RpxError(f"{where}: not an rpx results file: {lines[0]}" + _more(lines)) from None
+    return typed(run, result_types or {}, where=where)
 
 
-def load(path: str | Path) -> RunResult:
-    """Load a results file written by ``rpx run`` (TOML or JSON, by suffix)."""
+def load(path: str | Path, result_types: Mapping[str, type | None] | None = None) -> RunResult:
+    """Load a results file written by ``rpx run`` (TOML or JSON, by suffix); see :func:`loads`."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -221,4 +224,4 @@ def load(path: str | Path) -> RunResult:
         raise RpxError(f"{path}: no such results file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise RpxError(f"{path}: cannot read the results file: {exc}") from None
-    return loads(text, format_for(path), where=str(path))
+    return loads(text, format_for(path), where=str(path), result_types=result_types)

@@ -16,7 +16,7 @@ import attrs
 
 from rpx_core.convert import converter, structure
 from rpx_core.errors import SpecError
-from rpx_core.precision import Precision
+from rpx_core.precision import PrecisionName
 
 SCHEMA_VERSION = 1
 DEFAULT_STAGES = ("count_params", "count_flops", "estimate_traffic", "system_card")
@@ -94,7 +94,7 @@ class Spec:
     stages: tuple[str, ...] = DEFAULT_STAGES
     backend: str = "cpu"
     device: str | None = None  # e.g. "cuda:1"; default: the backend's default device
-    precision: Precision = "fp32"
+    precision: PrecisionName = "fp32"
     batch_sizes: tuple[int, ...] = (1,)  # throughput is measured at each; latency always at batch 1
     gpus: tuple[str, ...] = ()  # GPU names to compute rooflines for; ["all"] for every known GPU
     gpu_packs: tuple[str, ...] = ()  # extra GPU pack TOML files

@@ -1,46 +1,82 @@
-"""Stage registration objects and dependency resolution.
+"""A stage, declared once: the one object the plan, the pipeline, the results file and the summary all read.
 
-A stage is declared by data (name, what it needs, its options class, its scope), so the engine can order stages,
-pull in dependencies and skip dependants of a failure without knowing what any stage does.
+A plugin returns :class:`Stage` declarations from ``rpx_register_stages``. The engine derives everything else from them:
+the stage's hook (``rpx_<name>(ctx)``, first non-None result wins, so any plugin can answer it for the backends it
+chooses), dependency order, option checking with key paths, the result type that results are checked against and
+reloaded as, the flat summary fields, and the spec checks that ``rpx validate`` runs. Built-in stages are declared
+exactly like third-party ones (``rpx_plugins/stages.py``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
 
 import attrs
 
 from rpx_core.errors import RpxError
 
+#: ``summary(result, results)`` -> flat fields for table rows; ``results`` holds every successful result of the same
+#: model by stage name (so a field may combine stages, e.g. measured latency against the roofline bound).
+Summary = Callable[[Any, Mapping[str, Any]], Mapping[str, float | str]]
+#: ``check(spec, options)`` -> problems as ``"key.path: what is wrong"``, found without running anything.
+Check = Callable[[Any, Any], Iterable[str]]
+#: ``executes(options)`` -> whether the stage runs the model on the backend at the run's precision.
+Executes = Callable[[Any], bool]
+
+
+def _never(options: Any) -> bool:
+    return False
+
+
+def _no_check(spec: Any, options: Any) -> Iterable[str]:
+    return ()
+
+
+def _no_summary(result: Any, results: Mapping[str, Any]) -> Mapping[str, float | str]:
+    return {}
+
+
+def _stage_name(_: Any, attribute: attrs.Attribute, value: str) -> None:
+    if not value.isidentifier() or not value.islower():
+        raise ValueError(f"stage name {value!r} must be a lower-case Python identifier (its hook is rpx_{value})")
+
 
 @attrs.frozen
-class StageDef:
-    """A stage the pipeline can run.
+class Stage:
+    """Everything about one stage except its implementation (that is the hook, answered by any plugin).
 
-    ``run(ctx)`` returns the stage's result object (an attrs instance, or a plain TOML-able dict for third-party stages).
-    ``options`` is an attrs class; the spec's ``[options.<stage>]`` table is structured into it, so unknown options are
-    rejected with the key path. ``scope`` is "model" (run once per model) or "run" (once per spec, e.g. batch_search
-    over a pipeline of models).
+    * ``result``: the attrs class every implementation must return; results files reload as it. None: a plain dict
+      of TOML-able values.
+    * ``options``: an attrs class the spec's ``[options.<name>]`` table is structured into (unknown keys and wrong
+      types are errors with the key path); None: the stage takes no options.
+    * ``scope``: "model" (once per model, ``ctx`` is a StageContext) or "run" (once per spec after every model,
+      ``ctx`` is a RunContext with one StageContext per model).
+    * ``executes``: whether, with the given options, the stage runs the model on the backend; ``rpx validate`` then
+      refuses a precision the backend cannot execute.
+    * ``check``: spec problems this stage can see before anything runs (e.g. the roofline needs GPUs).
+    * ``summary``: the flat fields this stage's result adds to its model's ``summary`` table.
+    * ``doc``: what the hook receives and returns, for ``rpx plugins --hooks`` and the plugin guide.
     """
 
-    name: str
-    run: Callable[[Any], Any]
+    name: str = attrs.field(validator=_stage_name)
+    description: str
+    result: type | None = None
     needs: tuple[str, ...] = ()
     options: type | None = None
-    description: str = ""
-    scope: str = attrs.field(default="model", validator=attrs.validators.in_(("model", "run")))
-    plugin: str | None = None  # set by the plugin manager: who registered the stage
+    scope: Literal["model", "run"] = attrs.field(default="model", validator=attrs.validators.in_(("model", "run")))
+    executes: Executes = _never
+    check: Check = _no_check
+    summary: Summary = _no_summary
+    doc: str = ""
+
+    @property
+    def hook(self) -> str:
+        """The hook every implementation of this stage implements: ``rpx_<name>(ctx)``."""
+        return f"rpx_{self.name}"
 
 
-@attrs.frozen
-class Provided:
-    """A stage result together with the plugin that produced it (the engine records both)."""
-
-    result: Any
-    plugin: str
-
-
-def resolve_order(requested: Iterable[str], stages: Mapping[str, StageDef]) -> list[str]:
+def resolve_order(requested: Iterable[str], stages: Mapping[str, Stage]) -> list[str]:
     """Requested stages plus everything they need, dependencies first, otherwise in request order."""
     order: list[str] = []
     visiting: list[str] = []

@@ -1,48 +1,189 @@
-"""The built-in stages: one per stage hook, each running its hook so any plugin can override it per backend."""
+"""The built-in stages, declared like any plugin's: name, needs, options, result type, scope, hook and summary fields.
+
+The implementations are hook implementations elsewhere (``rpx_plugins.torch.counts``, ``rpx_plugins.jax.counts``,
+``rpx_plugins.roofline``, ...), registered ``trylast`` so any installed plugin can answer first for its backends.
+
+Summary fields (the flat, table-friendly names of the older ``rpx_benchmark`` profiler, with rpx's definitions):
+
+* ``params_m``: parameters (shared weights once) / 1e6.
+* ``flops_g``: total FLOPs of the counted pass / 1e9, FLOPs = 2 x MACs for matmul/convolution/attention plus the
+  documented per-element cost of other ops; ``matrix_flops_g`` is the matmul/conv/attention part alone.
+* ``macs_g``: multiply-accumulates of matmul/convolution/attention / 1e9.
+* ``memory_traffic_gb``: bytes moved if every operator reads its inputs and writes its outputs (unfused) / 1e9.
+* ``fused_traffic_gb``: weights + inputs + outputs, each once (the fused lower bound) / 1e9.
+* ``arithmetic_intensity``: total FLOPs / unfused bytes (FLOP per byte).
+* ``actmem_gb_fp16``: peak live activation bytes if activations were 2 bytes per element / 1e9.
+* ``roofline_<gpu>_<precision>_ms``: the headline roofline bound (whole model, fused traffic) for that GPU and
+  precision; ``bottleneck_<gpu>_<precision>`` names what limits it.
+* ``latency_p50_ms`` ...: measured per-call latency at batch 1 (numpy linear-interpolation percentiles);
+  ``latency_ms_per_sample`` is the p50 at batch 1 (never a batch's time divided by its size).
+* ``throughput_b<N>_samples_per_s``: samples per second measured at batch size N.
+* ``peak_memory_mb``: peak memory of the measured batch-1 region / 1e6 (method in the latency result).
+* ``fraction_of_roofline``: bound / measured p50 on the GPU the job ran on (1.0 = at the roofline), only when that
+  GPU is in a pack, one precision was bounded and Tier 1 counted batch 1 (latency is always measured at batch 1).
+"""
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rpx_core.context import StageContext
-from rpx_core.errors import UnsupportedError
 from rpx_core.hookspecs import hookimpl
-from rpx_core.stages import Provided, StageDef
+from rpx_core.stages import Stage
+from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult
+from rpx_core.types.counts import CountOptions, FlopsResult, ParamsResult, TrafficResult
+from rpx_core.types.latency import LatencyOptions, LatencyResult
+from rpx_core.types.roofline import RooflineOptions, RooflineResult
+from rpx_core.types.system_card import SystemCard
+
+Fields = dict[str, float | str]
 
 
-def run_stage_hook(stage: str, ctx: StageContext) -> Any:
-    """Run ``stage`` through its hook; no plugin answering for this backend is said out loud."""
-    result, plugin = ctx.plugins.call_stage_hook(stage, ctx)
-    if plugin is None:
-        raise UnsupportedError(
-            f"no installed plugin implements stage {stage!r} for backend {ctx.backend.name!r} "
-            f"(framework {ctx.backend.framework!r})"
-        )
-    return Provided(result, plugin)
+def params_fields(params: ParamsResult, results: Mapping[str, Any]) -> Fields:
+    return {"params_m": params.total / 1e6}
 
 
-def _stage(name: str, description: str, needs: tuple[str, ...] = (), options: type | None = None, scope: str = "model") -> StageDef:
-    return StageDef(name, functools.partial(run_stage_hook, name), needs, options, description, scope)
+def flops_fields(flops: FlopsResult, results: Mapping[str, Any]) -> Fields:
+    return {"flops_g": flops.total_flops / 1e9, "matrix_flops_g": flops.matrix_flops / 1e9, "macs_g": flops.macs / 1e9}
+
+
+def traffic_fields(traffic: TrafficResult, results: Mapping[str, Any]) -> Fields:
+    fields: Fields = {"memory_traffic_gb": traffic.unfused_bytes / 1e9, "fused_traffic_gb": traffic.fused_bytes / 1e9}
+    if traffic.arithmetic_intensity_unfused is not None:
+        fields["arithmetic_intensity"] = traffic.arithmetic_intensity_unfused
+    fields["actmem_gb_fp16"] = traffic.activation_peak_bytes_fp16 / 1e9
+    return fields
+
+
+def gpu_key(name: str) -> str:
+    """A GPU name as a field-name part: "H100-SXM" -> "h100_sxm"."""
+    return name.lower().replace(" ", "_").replace("-", "_")
+
+
+def roofline_fields(roofline: RooflineResult, results: Mapping[str, Any]) -> Fields:
+    fields: Fields = {}
+    for gpu, by_precision in roofline.gpus.items():
+        for precision, bound in by_precision.items():
+            key = f"{gpu_key(gpu)}_{precision}"
+            fields[f"roofline_{key}_ms"] = bound.bound_ms_fused
+            fields[f"bottleneck_{key}"] = bound.bottleneck_fused
+    return fields
+
+
+def latency_fields(latency: LatencyResult, results: Mapping[str, Any]) -> Fields:
+    fields: Fields = {"latency_ms_per_sample": latency.p50_ms}  # per-call latency at batch 1
+    for name in ("p50", "p90", "p95", "p99"):
+        value = getattr(latency, f"{name}_ms")
+        if value is not None:
+            fields[f"latency_{name}_ms"] = value
+    if latency.peak_memory.peak_bytes is not None:
+        fields["peak_memory_mb"] = latency.peak_memory.peak_bytes / 1e6
+    for row in latency.throughput:
+        if row.samples_per_s is not None:
+            fields[f"throughput_b{row.batch_size}_samples_per_s"] = row.samples_per_s
+    return {**fields, **measured_vs_bound(latency, results)}
+
+
+def measured_vs_bound(latency: LatencyResult, results: Mapping[str, Any]) -> Fields:
+    """Measured p50 beside the roofline bound of the GPU it ran on, when both describe one call at batch 1."""
+    roofline, flops = results.get("roofline"), results.get("count_flops")
+    if roofline is None or not roofline.local_gpu or flops is None or flops.counted_batch_size != 1:
+        return {}
+    bounds = roofline.gpus.get(roofline.local_gpu, {})
+    if len(bounds) != 1:
+        return {}
+    ((precision, bound),) = bounds.items()
+    return {
+        "measured_gpu": roofline.local_gpu,
+        "measured_vs_bound_precision": precision,
+        "measured_p50_ms": latency.p50_ms,
+        "roofline_bound_ms": bound.bound_ms_fused,
+        "fraction_of_roofline": bound.bound_ms_fused / latency.p50_ms,
+    }
+
+
+def roofline_needs_gpus(spec: Any, options: RooflineOptions) -> Iterable[str]:
+    if not spec.gpus:
+        yield 'gpus: the roofline stage needs GPUs to bound: names from `rpx gpus`, or ["all"]'
+
+
+def counts_on_device(options: CountOptions) -> bool:
+    """Counting runs the model on the backend only when asked to; "auto" and "meta" count on the meta device."""
+    return options.count_on == "device"
+
+
+def always(options: Any) -> bool:
+    return True
+
+
+COUNT_PARAMS = Stage(
+    "count_params",
+    "parameters, buffers and their bytes at the spec's precision",
+    result=ParamsResult,
+    summary=params_fields,
+    doc="Count parameters and buffers (shared weights once) and their bytes at ``ctx.precision``.",
+)
+COUNT_FLOPS = Stage(
+    "count_flops",
+    "FLOPs and MACs of one pass, per operator and module",
+    result=FlopsResult,
+    options=CountOptions,
+    executes=counts_on_device,
+    summary=flops_fields,
+    doc="Count FLOPs and MACs of one pass (``ctx.options('count_flops')``: backward, batch size, where to count). "
+    "FLOPs = 2 x MACs for matrix work; operators without a formula are listed in ``uncounted_ops``.",
+)
+ESTIMATE_TRAFFIC = Stage(
+    "estimate_traffic",
+    "bytes moved (unfused and fused bounds) and peak activation memory",
+    result=TrafficResult,
+    needs=("count_flops",),
+    summary=traffic_fields,
+    doc="Bytes moved (unfused upper and fused lower bound) and peak activation memory, with ``assumptions`` stated. "
+    "Reuse the counting pass of ``rpx_count_flops`` through ``ctx.cache`` instead of running the model twice.",
+)
+ROOFLINE = Stage(
+    "roofline",
+    "lower-bound latency per GPU and precision",
+    result=RooflineResult,
+    needs=("count_params", "count_flops", "estimate_traffic"),
+    options=RooflineOptions,
+    check=roofline_needs_gpus,
+    summary=roofline_fields,
+    doc="Lower-bound latency per GPU and precision from ``ctx.results['count_flops']``/``['estimate_traffic']`` "
+    "and ``ctx.gpu_catalog``.",
+)
+SYSTEM_CARD = Stage(
+    "system_card",
+    "the machine and run settings (OS, CPU, RAM, accelerators, library versions)",
+    result=SystemCard,
+    doc="Describe the machine and the run settings (MLPerf field names; gaps listed, never faked).",
+)
+MEASURE_LATENCY = Stage(
+    "measure_latency",
+    "latency percentiles at batch 1, throughput per batch size, peak memory",
+    result=LatencyResult,
+    needs=("system_card",),
+    options=LatencyOptions,
+    executes=always,
+    summary=latency_fields,
+    doc="Measure per-call latency at batch 1, throughput per batch size and peak memory of the measured region; "
+    "build percentiles with :mod:`rpx_core.stats` so they follow rpx's method and sufficiency rules.",
+)
+BATCH_SEARCH = Stage(
+    "batch_search",
+    "best batch sizes for a pipeline of models under a memory budget",
+    result=BatchSearchResult,
+    options=BatchSearchOptions,
+    scope="run",
+    executes=always,
+    doc="Search batch sizes for a pipeline of models under a memory budget. Receives a RunContext (one "
+    "StageContext per model, the options, the backend).",
+)
+
+BUILTIN_STAGES = (COUNT_PARAMS, COUNT_FLOPS, ESTIMATE_TRAFFIC, ROOFLINE, SYSTEM_CARD, MEASURE_LATENCY, BATCH_SEARCH)
 
 
 @hookimpl
-def rpx_register_stages() -> list[StageDef]:
-    from rpx_core.types.batch_search import BatchSearchOptions
-    from rpx_core.types.counts import CountOptions
-    from rpx_core.types.latency import LatencyOptions
-    from rpx_core.types.roofline import RooflineOptions
-
-    return [
-        _stage("count_params", "parameters, buffers and their bytes at the spec's precision"),
-        _stage("count_flops", "FLOPs and MACs of one pass, per operator and module", options=CountOptions),
-        _stage("estimate_traffic", "bytes moved (unfused and fused bounds) and peak activation memory",
-               needs=("count_flops",)),
-        _stage("roofline", "lower-bound latency per GPU and precision",
-               needs=("count_params", "count_flops", "estimate_traffic"), options=RooflineOptions),
-        _stage("system_card", "the machine and run settings (OS, CPU, RAM, accelerators, library versions)"),
-        _stage("measure_latency", "latency percentiles at batch 1, throughput per batch size, peak memory",
-               needs=("system_card",), options=LatencyOptions),
-        _stage("batch_search", "best batch sizes for a pipeline of models under a memory budget",
-               options=BatchSearchOptions, scope="run"),
-    ]
+def rpx_register_stages() -> list[Stage]:
+    return list(BUILTIN_STAGES)

@@ -45,9 +45,11 @@ def test_missing_spec_is_one_line_exit_2(tmp_path):
 def test_plugins_lists_builtins_with_their_hooks():
     done = rpx_cli("plugins")
     assert done.returncode == 0, done.stderr
-    lines = {line.split()[0]: line for line in done.stdout.splitlines()}
+    lines = {line.split()[0]: line for line in done.stdout.splitlines() if line.strip()}
     assert "register_backends" in lines["cpu"] and "built-in" in lines["cpu"]
     assert "system_card" in lines["system-card"]
+    # the order plugins are asked in, per stage hook: the JAX counter passes on torch models, then the torch one answers
+    assert lines["count_flops"].split(None, 1)[1] == "jax-counts -> torch-counts"
 
 
 SPEC = """
@@ -91,7 +93,7 @@ def test_corrupt_results_file_is_one_line(tmp_path):
 
 def test_global_options_work_before_and_after_the_command(tmp_path):
     done = rpx_cli("--disable", "cuda", "plugins", "--json", "--disable", "mps")
-    status = {info["name"]: info["status"] for info in json.loads(done.stdout)}
+    status = {info["name"]: info["status"] for info in json.loads(done.stdout)["plugins"]}
     assert status["cuda"] == status["mps"] == "disabled" and status["cpu"] == "loaded"
     after = rpx_cli("validate", str(tmp_path / "none.toml"), "--debug")
     assert after.returncode != 0 and "Traceback" in after.stderr

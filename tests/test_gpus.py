@@ -319,13 +319,18 @@ def two_packs(tmp_path: Path) -> tuple[GPUPack, GPUPack]:
     return acme, rival
 
 
-def test_two_packs_defining_one_gpu_is_an_error_naming_both(two_packs: tuple[GPUPack, GPUPack]) -> None:
+def test_two_packs_defining_one_gpu_is_an_error_naming_both_where_it_is_used(two_packs: tuple[GPUPack, GPUPack]) -> None:
+    catalog = GPUCatalog(two_packs)  # building the catalogue does not fail: only using the clashing name does
     with pytest.raises(GPUConflictError) as excinfo:
-        GPUCatalog(two_packs)
+        catalog.get("X1")
     message = str(excinfo.value)
     assert "'X1'" in message
     assert "acme (acme-gpus 1.2)" in message and "rival (rival-gpus 3.0)" in message
     assert "choose" in message
+    with pytest.raises(GPUConflictError, match="'X1'"):
+        catalog.all()  # "all" uses every name
+    assert catalog.conflicts() == [message]
+    assert "X1" not in {spec.name for spec in catalog.usable()}
 
 
 def test_choose_settles_a_clash(two_packs: tuple[GPUPack, GPUPack]) -> None:
@@ -335,7 +340,7 @@ def test_choose_settles_a_clash(two_packs: tuple[GPUPack, GPUPack]) -> None:
 
 def test_choose_must_name_a_pack_that_defines_the_gpu(two_packs: tuple[GPUPack, GPUPack]) -> None:
     with pytest.raises(GPUConflictError, match="only these packs define it"):
-        GPUCatalog(two_packs, choose={"X1": "reference"})
+        GPUCatalog(two_packs, choose={"X1": "reference"}).get("X1")
     with pytest.raises(UnknownGPUError, match="did you mean 'X1'"):
         GPUCatalog(two_packs, choose={"X11": "acme"})
 
@@ -343,8 +348,10 @@ def test_choose_must_name_a_pack_that_defines_the_gpu(two_packs: tuple[GPUPack, 
 def test_an_alias_claimed_by_two_gpus_is_an_error(tmp_path: Path, reference: GPUPack) -> None:
     thief = GOOD_GPU.replace('"Acme X1"', '"NVIDIA H100 80GB HBM3"')
     pack = load_pack(write_pack(tmp_path, thief, filename="thief.toml"), provider="acme-gpus 1.2")
+    catalog = GPUCatalog([reference, pack])
     with pytest.raises(GPUConflictError, match="'NVIDIA H100 80GB HBM3' is claimed by GPU 'H100-SXM'"):
-        GPUCatalog([reference, pack])
+        catalog.get("NVIDIA H100 80GB HBM3")
+    assert catalog.get("H100-SXM").name == "H100-SXM"  # the canonical names still resolve
 
 
 # ------------------------------------------------------------------------------------------------------------ start-up

@@ -185,7 +185,7 @@ def test_models_are_accepted_in_the_documented_forms_only():
     assert placed.params["w"].dtype == jnp.float32
     with pytest.raises(UnsupportedError, match=r"JaxModel\(apply, params\) or an \(apply, params\) tuple, got function"):
         backend.place_model(dense_relu, "fp32", "cpu")
-    with pytest.raises(UnsupportedError, match="cannot run precision 'fp8'; it supports fp32, bf16, fp16"):
+    with pytest.raises(UnsupportedError, match="cannot run precision 'fp8'; it supports fp32, fp16, bf16"):
         backend.place_model(dense_relu_model(), "fp8", "cpu")
 
 

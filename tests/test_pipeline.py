@@ -12,33 +12,32 @@ from rpx_core.errors import RpxError, SpecError
 from rpx_core.plugins import Plugins
 from rpx_core.results import load
 from rpx_core.spec import spec_from_dict
-from rpx_core.stages import StageDef, resolve_order
+from rpx_core.stages import Stage, resolve_order
 
 CALLS: list[tuple[str, str]] = []
 
 
-def stage(name: str, needs: tuple[str, ...] = (), fail_for: str | None = None) -> StageDef:
+def stage(name: str, needs: tuple[str, ...] = (), fail_for: str | None = None) -> tuple[Stage, object]:
+    """A stage declaration and its implementation, which records its calls and fails for one model."""
+
     def run(ctx):
         CALLS.append((ctx.job.model.name, name))
         if ctx.job.model.name == fail_for:
             raise ValueError(f"{name} broke on purpose")
         return {"stage": name, "inputs_seen": sorted(ctx.results)}
 
-    return StageDef(name, run=run, needs=needs)
+    return Stage(name, f"test stage {name}", needs=needs), run
+
+
+def throwaway(*stages: tuple[Stage, object]) -> types.SimpleNamespace:
+    """A plugin declaring ``stages`` and implementing each stage's hook."""
+    return types.SimpleNamespace(rpx_register_stages=hookimpl(lambda: [declared for declared, _ in stages]),
+                                 **{declared.hook: hookimpl(run) for declared, run in stages})
 
 
 @pytest.fixture
 def plugins():
-    plugin = types.SimpleNamespace(
-        rpx_register_stages=hookimpl(
-            lambda: [
-                stage("a"),
-                stage("b", needs=("a",), fail_for="second"),
-                stage("c", needs=("b",)),
-                stage("d"),
-            ]
-        )
-    )
+    plugin = throwaway(stage("a"), stage("b", needs=("a",), fail_for="second"), stage("c", needs=("b",)), stage("d"))
     loaded = Plugins.load()
     loaded.register(plugin, "throwaway")
     CALLS.clear()
@@ -60,7 +59,7 @@ def test_dependencies_come_first_and_are_pulled_in(plugins):
 def test_unknown_stage_and_cycles_are_errors(plugins):
     with pytest.raises(RpxError, match="unknown stage 'zz'.*Choose one of"):
         resolve_order(["zz"], plugins.stages())
-    cyclic = {"x": StageDef("x", run=print, needs=("y",)), "y": StageDef("y", run=print, needs=("x",))}
+    cyclic = {"x": Stage("x", "x", needs=("y",)), "y": Stage("y", "y", needs=("x",))}
     with pytest.raises(RpxError, match="cycle: x -> y -> x"):
         resolve_order(["x"], cyclic)
 
@@ -87,7 +86,7 @@ def test_results_already_measured_survive_an_interrupt(plugins, tmp_path):
     def interrupt(ctx):
         raise KeyboardInterrupt
 
-    plugin = types.SimpleNamespace(rpx_register_stages=hookimpl(lambda: [StageDef("stop", run=interrupt, needs=("a",))]))
+    plugin = throwaway((Stage("stop", "interrupts", needs=("a",)), interrupt))
     plugins.register(plugin, "interrupter")
     output = tmp_path / "out.toml"
     try:
@@ -102,10 +101,7 @@ def test_results_already_measured_survive_an_interrupt(plugins, tmp_path):
 
 
 def test_a_result_that_cannot_be_written_fails_its_stage_only(plugins, tmp_path):
-    bad = types.SimpleNamespace(rpx_register_stages=hookimpl(lambda: [
-        StageDef("nulls", run=lambda ctx: {"value": None}),
-        StageDef("wrong_type", run=lambda ctx: {"total": 1}),
-    ]))
+    bad = throwaway((Stage("nulls", "a None value"), lambda ctx: {"value": None}))
     plugins.register(bad, "bad")
     wrong = types.SimpleNamespace(rpx_count_params=hookimpl(lambda ctx: {"total": 1}))
     plugins.register(wrong, "wrong")
@@ -139,10 +135,10 @@ def test_unknown_option_for_a_stage_is_rejected(plugins):
 
 def test_run_scoped_stage_is_skipped_when_a_model_failed_what_it_needs(plugins):
     ran = []
-    agg = types.SimpleNamespace(rpx_register_stages=hookimpl(lambda: [
-        StageDef("agg", run=lambda ctx: ran.append(len(ctx.models)) or {"n": len(ctx.models)}, needs=("b",), scope="run"),
-        StageDef("early", run=lambda ctx: {}, needs=("agg",)),
-    ]))
+    agg = throwaway(
+        (Stage("agg", "aggregate", needs=("b",), scope="run"), lambda ctx: ran.append(len(ctx.models)) or {"n": len(ctx.models)}),
+        (Stage("early", "needs agg", needs=("agg",)), lambda ctx: {}),
+    )
     plugins.register(agg, "agg")
     try:
         run = run_spec(spec_from_dict(two_models(["agg"])), plugins=plugins, output=None)

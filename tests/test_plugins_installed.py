@@ -31,10 +31,11 @@ def with_example(example_plugin_site, monkeypatch):
 def test_rpx_plugins_lists_the_installed_plugin_with_version_and_hooks(example_plugin_site):
     done = rpx_cli("plugins", "--json", env=env_with(example_plugin_site))
     assert done.returncode == 0, done.stderr
-    example = next(info for info in json.loads(done.stdout) if info["name"] == "example")
+    example = next(info for info in json.loads(done.stdout)["plugins"] if info["name"] == "example")
     assert example["distribution"] == "rpx-example-plugin" and example["version"] == "0.3.0"
     assert example["builtin"] is False and example["status"] == "loaded"
-    assert set(example["hooks"]) == {"rpx_register_backends", "rpx_count_params", "rpx_register_gpu_packs", "rpx_register_stages"}
+    assert set(example["hooks"]) == {"rpx_register_backends", "rpx_count_params", "rpx_register_gpu_packs",
+                                     "rpx_register_stages", "rpx_weights_report"}
 
 
 def test_plugin_gpu_pack_is_listed_by_rpx_gpus(example_plugin_site):
@@ -53,7 +54,10 @@ def test_stage_override_applies_to_its_backend_only_and_new_stage_runs(with_exam
     assert builtin.stages["count_params"].provided_by == "torch-counts"
     # both implementations agree: 16*8 weights + 8 biases = 136 parameters, 544 bytes at fp32
     assert own.result("count_params").total == builtin.result("count_params").total == 16 * 8 + 8
-    assert own.result("weights_report") == {"unit": "MB", "weights": 136 * 4 / 1e6, "precision": "fp32"}
+    report = own.result("weights_report")
+    assert type(report).__name__ == "WeightsReport"
+    assert (report.unit, report.weights, report.precision) == ("MB", 136 * 4 / 1e6, "fp32")
+    assert own.summary["weights_mb"] == 136 * 4 / 1e6  # the plugin stage's declared summary field
     assert own.stages["weights_report"].provided_by == "example"
     bf16 = {**spec, "precision": "bf16", "stages": ["count_params"]}
     for backend in ("cpu-1thread", "cpu"):
@@ -76,7 +80,7 @@ def test_disabling_the_plugin_removes_everything_it_registered(example_plugin_si
     if how == "env":
         env["RPX_DISABLE_PLUGINS"] = "example"
     listing = rpx_cli(*args, "plugins", "--json", env=env)
-    assert next(i for i in json.loads(listing.stdout) if i["name"] == "example")["status"] == "disabled"
+    assert next(i for i in json.loads(listing.stdout)["plugins"] if i["name"] == "example")["status"] == "disabled"
     done = rpx_cli(*args, "validate", str(spec), env=env)
     assert done.returncode == 2
     assert "backend: 'cpu-1thread' not recognized. Choose one of: cpu" in done.stderr
@@ -139,5 +143,5 @@ def test_unknown_plugin_to_disable_is_a_warning():
 
 def test_a_choice_must_name_a_plugin_that_registers_the_name():
     spec = spec_from_dict({"models": [MODEL], "stages": ["count_params"], "choose": {"backends": {"cpu": "nobody"}}})
-    with pytest.raises(PluginError, match="choose.backends: 'cpu' = 'nobody', but backend 'cpu' is registered by 'cpu'"):
+    with pytest.raises(SpecError, match="choose.backends.cpu: 'nobody' does not register backend 'cpu'; it is registered by 'cpu'"):
         run_spec(spec, plugins=Plugins.load(), output=None)

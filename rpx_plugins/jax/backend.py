@@ -23,12 +23,13 @@ import attrs
 from rpx_core.backends import Availability, Backend, MemoryPeak
 from rpx_core.errors import BackendUnavailable, UnsupportedError
 from rpx_core.hookspecs import hookimpl
+from rpx_core.precision import PRECISIONS
 from rpx_core.spec import InputSpec, ModelSpec
 from rpx_plugins.host_memory import HostPeakTracker, is_host_out_of_memory
 
 NAME = "jax"
-#: The dtype each executable precision stores floating params, inputs and activations in.
-EXECUTION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+#: The dtype each executable precision stores floating params, inputs and activations in (rpx_core.precision).
+EXECUTION_DTYPES = {name: dtype for name, precision in PRECISIONS.items() if (dtype := precision.dtype("jax"))}
 #: Seed of the fixed key every input is drawn from, so runs see the same inputs.
 INPUT_SEED = 0
 #: How ``read_peak_memory`` describes the device allocator's peak (JAX cannot reset it).

@@ -11,10 +11,12 @@ from typing import Any
 from rpx_core.backends import Backend
 from rpx_core.errors import UnsupportedError
 from rpx_core.loading import load_callable
+from rpx_core.precision import PRECISIONS
 from rpx_core.spec import FLOAT_DTYPES, InputSpec, ModelSpec
 
-#: Storage dtype used to *execute* at each precision. tf32 stores fp32 and only changes how matmuls compute.
-EXECUTION_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+#: Storage dtype used to *execute* at each precision (rpx_core.precision). tf32 stores fp32 and only changes how
+#: matmuls compute.
+EXECUTION_DTYPES = {name: dtype for name, precision in PRECISIONS.items() if (dtype := precision.dtype("torch"))}
 
 
 def torch_dtype(precision: str) -> Any:

@@ -1,11 +1,13 @@
-"""Everything a third-party rpx plugin can do, in one small module.
+"""Everything a third-party rpx plugin can do, in one small module that imports only ``rpx_core.plugin``.
 
 * ``rpx_register_backends``: a new backend, ``cpu-1thread`` (torch on the host pinned to one thread, for latency that
   does not depend on how busy the other cores are).
 * ``rpx_count_params``: overrides the built-in ``count_params`` stage *for that backend only*; every other backend
   still gets the built-in (returning None passes the call on).
 * ``rpx_register_gpu_packs``: a small GPU pack shipped as a TOML file in this package.
-* ``rpx_register_stages``: a new stage, ``weights_report``, which needs ``count_params`` and takes options.
+* ``rpx_register_stages`` + ``rpx_weights_report``: a new stage, ``weights_report``, which needs ``count_params``,
+  takes options, returns its own result type and contributes a summary field. Its implementation is ``trylast``, so
+  another plugin can override it for its own backend, exactly like a built-in stage.
 """
 
 from __future__ import annotations
@@ -15,10 +17,7 @@ from typing import Any
 
 import attrs
 
-from rpx_core import hookimpl
-from rpx_core.backends import Availability
-from rpx_core.stages import StageDef
-from rpx_plugins.torch.cpu import CpuBackend
+from rpx_core.plugin import Availability, CpuBackend, ParamsResult, Stage, StageContext, hookimpl
 
 
 class OneThreadCpuBackend(CpuBackend):
@@ -42,19 +41,16 @@ def rpx_register_backends() -> list:
 
 
 @hookimpl
-def rpx_count_params(ctx: Any) -> Any:
-    """Count parameters by walking ``named_parameters`` directly: an independent implementation for our backend."""
+def rpx_count_params(ctx: StageContext) -> ParamsResult | None:
+    """Count parameters by walking ``parameters()`` directly: an independent implementation for our backend."""
     if ctx.backend.name != OneThreadCpuBackend.name:
         return None
-    from rpx_core.precision import BYTES_PER_ELEMENT
-    from rpx_core.types.counts import ParamsResult
-
     model = ctx.build_model()
     params = list(model.parameters())  # parameters() yields a Parameter object shared by two modules once
     buffers = list(model.buffers())
     trainable = sum(p.numel() for p in params if p.requires_grad)
     total = sum(p.numel() for p in params)
-    floating_size = BYTES_PER_ELEMENT[ctx.job.precision]  # floating tensors take the precision's size
+    floating_size = ctx.precision.element_bytes  # floating tensors take the precision's size
 
     def size(tensor: Any) -> int:
         return tensor.numel() * (floating_size if tensor.is_floating_point() else tensor.element_size())
@@ -76,26 +72,42 @@ def rpx_register_gpu_packs() -> list[Path]:
 
 @attrs.frozen
 class WeightsReportOptions:
-    """Options of the ``weights_report`` stage."""
+    """Options of the ``weights_report`` stage (``[options.weights_report]``)."""
 
     unit: str = attrs.field(default="MB", validator=attrs.validators.in_(("MB", "MiB")))
 
 
-def weights_report(ctx: Any) -> dict[str, Any]:
-    params = ctx.results["count_params"]
-    unit = ctx.options("weights_report").unit
-    scale = 1e6 if unit == "MB" else 2**20
-    return {"unit": unit, "weights": params.bytes_at_precision / scale, "precision": params.precision}
+@attrs.frozen
+class WeightsReport:
+    """Weight memory (parameters and buffers at the run's precision) in the unit asked for."""
+
+    unit: str  # "MB" (1e6 bytes) or "MiB" (2**20 bytes)
+    weights: float  # bytes_at_precision / unit
+    precision: str
+
+
+def weights_fields(report: WeightsReport, results: Any) -> dict[str, float]:
+    return {f"weights_{report.unit.lower()}": report.weights}
+
+
+WEIGHTS_REPORT = Stage(
+    "weights_report",
+    "weight memory in the unit of your choice",
+    result=WeightsReport,
+    needs=("count_params",),
+    options=WeightsReportOptions,
+    summary=weights_fields,
+)
 
 
 @hookimpl
-def rpx_register_stages() -> list[StageDef]:
-    return [
-        StageDef(
-            "weights_report",
-            run=weights_report,
-            needs=("count_params",),
-            options=WeightsReportOptions,
-            description="weight memory in the unit of your choice",
-        )
-    ]
+def rpx_register_stages() -> list[Stage]:
+    return [WEIGHTS_REPORT]
+
+
+@hookimpl(trylast=True)
+def rpx_weights_report(ctx: StageContext) -> WeightsReport:
+    params = ctx.results["count_params"]
+    unit = ctx.options("weights_report").unit
+    scale = 1e6 if unit == "MB" else 2**20
+    return WeightsReport(unit=unit, weights=params.bytes_at_precision / scale, precision=params.precision)

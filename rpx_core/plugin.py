@@ -1,0 +1,62 @@
+"""The public plugin surface: everything an rpx plugin may import, from this one module.
+
+Anything else in ``rpx_core`` and ``rpx_plugins`` is private and may change between releases. The plugin guide
+(``docs/plugins.md``) walks through each part: a GPU pack, a backend that overrides one stage, a new stage with
+options, and FLOP formulas for operators the counter does not know.
+
+* Hooks: :data:`hookimpl` (with pluggy's ``tryfirst``/``trylast`` to order implementations).
+* Registration objects: :class:`Backend` (with :class:`TorchBackend`, the base of the cpu/cuda/mps backends, for a new
+  torch accelerator, and :class:`CpuBackend` for variants of the host backend), :class:`Stage` declarations.
+* What hooks receive: :class:`StageContext`, :class:`RunContext`, :class:`Job`, :class:`ModelSpec`, :class:`InputSpec`.
+* Result and option types of the built-in stages, and the helpers results are built with (:mod:`rpx_core.stats`
+  percentiles as :data:`stats`, :class:`MemoryPeak`, :class:`Timer`).
+* Precisions (:class:`Precision`, :func:`get_precision`) and GPU packs (:class:`GPUSpec`, :class:`Peak`,
+  :class:`GPUCatalog`).
+* Errors: :class:`RpxError` (the user can fix it: one line, exit 2), :class:`UnsupportedError` (a figure cannot be
+  produced: said out loud, never a zero).
+"""
+
+from __future__ import annotations
+
+from rpx_core import stats
+from rpx_core.backends import Availability, Backend, MemoryPeak, Timer
+from rpx_core.context import Job, RunContext, StageContext
+from rpx_core.errors import RpxError, UnsupportedError
+from rpx_core.gpus import GPUCatalog, GPUSpec, Peak
+from rpx_core.hookspecs import hookimpl
+from rpx_core.precision import PRECISIONS, Precision, get_precision
+from rpx_core.spec import InputSpec, ModelSpec
+from rpx_core.stages import Stage
+from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult
+from rpx_core.types.counts import (
+    CountOptions,
+    FlopsResult,
+    ModuleStats,
+    OperatorStats,
+    OpRecord,
+    ParamsResult,
+    TrafficResult,
+)
+from rpx_core.types.latency import LatencyOptions, LatencyResult, ThroughputResult
+from rpx_core.types.roofline import GPURoofline, RooflineOptions, RooflineResult
+from rpx_core.types.system_card import AcceleratorCard, SystemCard
+from rpx_plugins.torch.backend import TorchBackend
+from rpx_plugins.torch.cpu import CpuBackend
+
+__all__ = [
+    "hookimpl",
+    # registration objects
+    "Backend", "TorchBackend", "CpuBackend", "Availability", "Stage",
+    # what hooks receive
+    "StageContext", "RunContext", "Job", "ModelSpec", "InputSpec",
+    # results, options and the helpers they are built with
+    "ParamsResult", "FlopsResult", "TrafficResult", "OpRecord", "OperatorStats", "ModuleStats", "CountOptions",
+    "RooflineResult", "GPURoofline", "RooflineOptions",
+    "LatencyResult", "ThroughputResult", "LatencyOptions", "MemoryPeak", "Timer", "stats",
+    "SystemCard", "AcceleratorCard",
+    "BatchSearchResult", "BatchSearchOptions",
+    # precisions and GPU packs
+    "Precision", "PRECISIONS", "get_precision", "GPUSpec", "Peak", "GPUCatalog",
+    # errors
+    "RpxError", "UnsupportedError",
+]

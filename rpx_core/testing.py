@@ -1,0 +1,81 @@
+"""Test a hook without a whole run: a stage context for a model and spec settings in one call.
+
+For plugin authors and rpx's own tests::
+
+    from rpx_core.testing import make_context, run_stage
+
+    ctx = make_context(torch.nn.Linear(16, 8), inputs=[(1, 16)], stages=["count_params"])
+    assert run_stage("count_params", ctx).total == 136
+
+The context is made exactly as ``rpx run`` makes it (spec checked, plan made, options structured into their classes),
+so what a test sees is what a run sees.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rpx_core.api import input_tables
+from rpx_core.backends import Backend
+from rpx_core.context import RunContext, StageContext
+from rpx_core.errors import UnsupportedError
+from rpx_core.plan import Plan, make_plan
+from rpx_core.plugins import Plugins, StageHookError
+from rpx_core.spec import spec_from_dict
+
+
+@functools.cache
+def default_plugins() -> Plugins:
+    """The installed plugin set, loaded once per process."""
+    return Plugins.load()
+
+
+def make_plan_for(models: Mapping[str, Any], *, inputs: Iterable[Any] | Mapping[str, Iterable[Any]] = (),
+                  plugins: Plugins | None = None, **settings: Any) -> Plan:
+    """A plan for live ``models`` (name -> object) and spec ``settings`` (backend, precision, stages, options, ...).
+    ``inputs`` are shapes or input tables, for every model or per model name."""
+    tables = []
+    for name, model in models.items():
+        given = inputs.get(name, ()) if isinstance(inputs, Mapping) else inputs
+        tables.append({"name": name, "source": f"<object>:{type(model).__name__}", "inputs": input_tables(given)})
+    spec = spec_from_dict({"models": tables, **settings}, where="make_context()")
+    return make_plan(spec, plugins or default_plugins(), where="make_context()")
+
+
+def make_context(model: Any, *, inputs: Iterable[Any] = (), backend: Backend | None = None,
+                 plugins: Plugins | None = None, results: Mapping[str, Any] | None = None, name: str = "model",
+                 **settings: Any) -> StageContext:
+    """The StageContext a run would give the stages of ``model``. ``backend`` replaces the registered backend of
+    the spec's name (e.g. a backend over a fake device); ``results`` are earlier stages' results by name."""
+    plugins = plugins or default_plugins()
+    plan = make_plan_for({name: model}, inputs=inputs, plugins=plugins, **settings)
+    backend = backend or plugins.backend(plan.spec.backend, plan.spec.choose, require_available=False)
+    ctx = StageContext(plan.jobs[0], backend, plugins, plan.gpu_catalog, model_object=model)
+    ctx.results.update(results or {})
+    return ctx
+
+
+def make_run_context(models: Mapping[str, Any], *, stage: str, inputs: Iterable[Any] | Mapping[str, Iterable[Any]] = (),
+                     backend: Backend | None = None, plugins: Plugins | None = None, **settings: Any) -> RunContext:
+    """The RunContext a run-scoped ``stage`` (e.g. batch_search) would get for live ``models`` (name -> object)."""
+    plugins = plugins or default_plugins()
+    plan = make_plan_for(models, inputs=inputs, plugins=plugins, stages=[stage], **settings)
+    backend = backend or plugins.backend(plan.spec.backend, plan.spec.choose, require_available=False)
+    contexts = [StageContext(job, backend, plugins, plan.gpu_catalog, model_object=models[job.model.name])
+                for job in plan.jobs]
+    return RunContext(contexts, plan.options.get(stage), backend, plugins, plan.gpu_catalog)
+
+
+def run_stage(stage: str, ctx: StageContext | RunContext) -> Any:
+    """Ask the plugins for ``stage`` as the pipeline does and return the result; raise what the stage raised."""
+    declaration = ctx.plugins.stages()[stage]
+    try:
+        result, plugin = ctx.plugins.call_stage(declaration, ctx)
+    except StageHookError as exc:
+        raise exc.error from None
+    if plugin is None:
+        raise UnsupportedError(f"no installed plugin implements stage {stage!r} for backend {ctx.backend.name!r}")
+    return result
+
