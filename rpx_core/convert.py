@@ -101,9 +101,15 @@ def describe_errors(exc: BaseException, base_path: str = "") -> list[str]:
     return [_reformat(line, base_path) for line in lines]
 
 
+#: Separates a message from the attrs field its validator checked, so the field joins the key path.
+FIELD_MARK = " @field "
+
+
 def _reformat(line: str, base_path: str) -> str:
     message, _, path = line.rpartition(" @ ")
     path = path.removeprefix("$").lstrip(".")
+    message, _, field = message.partition(FIELD_MARK)
+    path = f"{path}.{field}".lstrip(".") if field else path
     if base_path:
         path = f"{base_path}.{path}" if path and not path.startswith("[") else f"{base_path}{path}"
     return f"{path or '<top>'}: {message}"
@@ -117,8 +123,10 @@ def _format_exception(exc: BaseException, type_: Any) -> str:
         return "required key is missing"
     if typing.get_origin(type_) is typing.Literal:
         return f"expected one of {', '.join(map(repr, typing.get_args(type_)))}"
-    if isinstance(exc, (ValueError, TypeError)) and str(exc):
-        return str(exc)
+    if isinstance(exc, (ValueError, TypeError)) and exc.args and isinstance(exc.args[0], str):
+        if len(exc.args) > 1 and isinstance(exc.args[1], attrs.Attribute):  # an attrs validator: message, attribute
+            return f"{exc.args[0]}{FIELD_MARK}{exc.args[1].name}"
+        return exc.args[0]
     type_name = getattr(type_, "__name__", None) or str(type_).replace("typing.", "")
     return f"invalid value, expected {type_name}"
 

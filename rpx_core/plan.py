@@ -44,7 +44,10 @@ def make_plan(spec: Spec, plugins: Plugins, *, where: str = "<spec>", stages: tu
     check_choices(spec, registry, backends, where)
     if spec.backend not in backends:
         raise SpecError(f"{where}: backend: {spec.backend!r} not recognized. {choose_one_of(spec.backend, backends)}")
-    backend = backends[spec.backend]
+    try:
+        backend = backends[spec.backend]
+    except PluginError as exc:
+        raise SpecError(f"{where}: backend: {exc}") from None
     check_scopes(order, registry, where)
     options = structure_options(spec, registry, order, where)
     catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose)
