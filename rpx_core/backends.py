@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import attrs
 
 if TYPE_CHECKING:
-    from rpx_core.spec import ModelSpec
+    from rpx_core.spec import InputSpec, ModelSpec
 
 
 
@@ -98,6 +98,15 @@ class Backend:
 
     def device_name(self, device: str) -> str | None:
         """The accelerator's marketing name (e.g. "NVIDIA H100 80GB HBM3") so a GPU spec can be matched; None for hosts."""
+        return None
+
+    def thread_settings(self) -> dict[str, int]:
+        """The runtime's thread settings in effect (recorded with measurements and in the system card)."""
+        return {}
+
+    def input_dtype_name(self, spec_input: InputSpec, precision: str) -> str | None:
+        """The dtype ``spec_input`` is created with at ``precision`` by this backend (e.g. "float16" for a float32
+        input of an fp16 job); None when the backend does not say."""
         return None
 
     def place_model(self, model: Any, precision: str, device: str) -> Any:

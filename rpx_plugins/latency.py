@@ -9,11 +9,9 @@ holds no other row's inputs. A batch's time is never divided into per-sample "la
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import attrs
 
@@ -22,7 +20,7 @@ from rpx_core.backends import Backend, Timer
 from rpx_core.context import StageContext
 from rpx_core.hookspecs import hookimpl
 from rpx_core.types.latency import LatencyOptions, LatencyResult, ThroughputResult
-from rpx_plugins.system_card import runtime_threads
+from rpx_plugins.measurement import gc_paused
 
 
 @attrs.frozen
@@ -42,20 +40,6 @@ class Sampling:
 def model_call(backend: Backend, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], Any]:
     """One forward call through ``backend.call_model``, bound once into a no-argument callable for the timing loops."""
     return functools.partial(backend.call_model, model, args, kwargs)
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Collect first, then pause Python's garbage collector while timing (as ``timeit`` does), so a collection
-    triggered by the harness is not billed to one unlucky call."""
-    was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def warm_up(call: Callable[[], Any], synchronize: Callable[[], None], calls: int, seconds: float) -> WarmUp:
@@ -202,7 +186,7 @@ def measure_latency(ctx: StageContext) -> LatencyResult:
         options,
         clock=timer.clock,
         peak_memory=peak,
-        threads=runtime_threads(),
+        threads=ctx.backend.thread_settings(),
         throughput=throughput,
         system_summary=card.summary() if card is not None else None,
     )

@@ -21,7 +21,6 @@ import attrs
 
 from rpx_core.context import StageContext
 from rpx_core.hookspecs import hookimpl
-from rpx_core.spec import InputSpec
 from rpx_core.types.system_card import AcceleratorCard, SystemCard
 
 FRAMEWORKS = ("torch", "numpy", "jax", "jaxlib", "flax")
@@ -132,14 +131,6 @@ def framework_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             continue
     return versions
-
-
-def runtime_threads() -> dict[str, int]:
-    """Thread settings of runtimes already loaded (never imports one): torch intra-op and inter-op pools."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return {}
-    return {"torch_intra_op": torch.get_num_threads(), "torch_inter_op": torch.get_num_interop_threads()}
 
 
 def thread_environment() -> dict[str, str]:
@@ -344,32 +335,15 @@ def machine_card(framework: str | None = None) -> SystemCard:
     )
 
 
-def input_dtype_name(framework: str, spec_input: InputSpec, precision: str) -> str | None:
-    """The dtype ``spec_input`` is created with at ``precision``, by the backend's own rule: floating inputs follow an
-    executable precision (float32 as written, float16 at fp16), the others keep theirs (JAX without x64 narrows int64
-    to int32). None for a framework whose rule rpx does not know."""
-    if framework == "torch":
-        from rpx_plugins.torch.backend import input_dtype
-
-        return str(input_dtype(spec_input, precision)).removeprefix("torch.")
-    if framework == "jax":
-        from rpx_plugins.jax.backend import EXECUTION_DTYPES, input_dtype
-
-        if precision not in EXECUTION_DTYPES:  # counted, never run: the inputs stay as written
-            return spec_input.dtype
-        return str(input_dtype(spec_input, precision))
-    return None
-
-
 def describe_inputs(ctx: StageContext) -> tuple[str, ...]:
     """Each input as it runs, e.g. "float16[1, 3, 224, 224]" for a float32 input of an fp16 job; "(dtype as written)"
     where the backend's framework is not one whose rule rpx knows."""
-    model, framework, precision = ctx.job.model, ctx.backend.framework, ctx.job.precision
+    model, precision = ctx.job.model, ctx.job.precision
     if model.input_factory:
         return (f"made by input_factory {model.input_factory}",)
     described = []
     for spec_input in model.inputs:
-        dtype = input_dtype_name(framework, spec_input, precision)
+        dtype = ctx.backend.input_dtype_name(spec_input, precision)
         text = f"{dtype or spec_input.dtype}{list(spec_input.shape)}"
         text += f" ({spec_input.name})" if spec_input.name else ""
         described.append(text + (" (dtype as written)" if dtype is None else ""))
@@ -380,7 +354,7 @@ def describe_inputs(ctx: StageContext) -> tuple[str, ...]:
 def rpx_system_card(ctx: StageContext) -> SystemCard:
     return attrs.evolve(
         machine_card(ctx.backend.framework),
-        threads=runtime_threads(),
+        threads=ctx.backend.thread_settings(),
         thread_environment=thread_environment(),
         precision=ctx.job.precision,
         batch_sizes=ctx.job.batch_sizes,

@@ -29,7 +29,7 @@ from rpx_core.types.batch_search import (
     parse_memory_amount,
 )
 from rpx_plugins.batch_search.planner import BatchPlanner
-from rpx_plugins.latency import gc_paused
+from rpx_plugins.measurement import gc_paused
 
 
 @hookimpl(trylast=True)

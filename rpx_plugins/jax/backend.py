@@ -173,6 +173,11 @@ class JaxBackend(Backend):
     precisions = tuple(EXECUTION_DTYPES)
     framework = "jax"
 
+    def input_dtype_name(self, spec_input: InputSpec, precision: str) -> str:
+        if precision not in EXECUTION_DTYPES:  # counted, never run: the inputs stay as written
+            return spec_input.dtype
+        return str(input_dtype(spec_input, precision))
+
     def __init__(self) -> None:
         self._host_peak = HostPeakTracker()
         self._device_peak_at_reset: int | None = None

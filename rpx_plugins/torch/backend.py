@@ -84,6 +84,14 @@ class TorchBackend(Backend):
             raise UnsupportedError(f"backend {self.name!r} cannot execute precision {precision!r}; it supports {', '.join(self.precisions)}")
         return model.eval().to(device=device, dtype=torch_dtype(precision))
 
+    def thread_settings(self) -> dict[str, int]:
+        import torch
+
+        return {"torch_intra_op": torch.get_num_threads(), "torch_inter_op": torch.get_num_interop_threads()}
+
+    def input_dtype_name(self, spec_input: InputSpec, precision: str) -> str:
+        return str(input_dtype(spec_input, precision)).removeprefix("torch.")
+
     def inference_context(self) -> contextlib.AbstractContextManager:
         import torch
 
