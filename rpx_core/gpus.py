@@ -1,8 +1,8 @@
 """GPU spec packs: the peak FLOP/s and bandwidth a roofline divides by, loaded from TOML and merged into a catalogue.
 
 Figures are data, not code: a pack is a TOML file a plugin can ship, and every entry names its source. Peaks are dense
-and per precision, because the seed divided fp16 FLOPs by the fp32 vector peak (its defect 2): asking for a precision a
-GPU has no figure for is an error here, never a silent fallback to another precision.
+and per precision, so an fp16 model is never divided by the fp32 vector peak: asking for a precision a GPU has no
+figure for is an error here, never a silent fallback to another precision.
 
 Imported by ``rpx gpus`` at start-up, so it must stay free of torch and numpy.
 """

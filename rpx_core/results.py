@@ -40,7 +40,7 @@ StageRecords = dict[str, StageRecord]
 
 @attrs.frozen
 class ModelResult:
-    """All stage records of one model, plus the seed's flat summary fields for table rows."""
+    """All stage records of one model, plus its flat summary fields for table rows."""
 
     name: str
     source: str
@@ -50,8 +50,8 @@ class ModelResult:
     started: str  # ISO 8601, UTC
     finished: str | None = None
     stages: StageRecords = attrs.Factory(dict)
-    #: The seed's field names (params_m, flops_g, macs_g, memory_traffic_gb, arithmetic_intensity, actmem_gb_fp16,
-    #: latency_p50_ms, ...) derived from the stage results; see rpx_core.summary for their exact definitions.
+    #: Flat fields (params_m, flops_g, macs_g, memory_traffic_gb, arithmetic_intensity, actmem_gb_fp16,
+    #: latency_p50_ms, ...) that each stage declares (Stage.summary); the built-in ones are defined in rpx_plugins.stages.
     summary: dict[str, float | str] = attrs.Factory(dict)
 
     @property

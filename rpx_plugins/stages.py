@@ -3,7 +3,7 @@
 The implementations are hook implementations elsewhere (``rpx_plugins.torch.counts``, ``rpx_plugins.jax.counts``,
 ``rpx_plugins.roofline``, ...), registered ``trylast`` so any installed plugin can answer first for its backends.
 
-Summary fields (the flat, table-friendly names of the older ``rpx_benchmark`` profiler, with rpx's definitions):
+Summary fields (flat, table-friendly; ``docs/migrating.md`` maps the older ``rpx_benchmark`` profiler's names):
 
 * ``params_m``: parameters (shared weights once) / 1e6.
 * ``flops_g``: total FLOPs of the counted pass / 1e9, FLOPs = 2 x MACs for matmul/convolution/attention plus the

@@ -1,5 +1,5 @@
 """batch_search types: what the user declares (options), what one trial measured, the thread-safe tracker that
-records trials, and the result with the seed tracker's queries. The planning logic lives in
+records trials, and the result with its queries (best combination, samples, memory peaks). The planning logic lives in
 :mod:`rpx_plugins.batch_search.planner`; running trials on a backend in :mod:`rpx_plugins.batch_search.stage`.
 
 Conventions: memory in bytes (1 MB = 1e6 bytes when shown as MB); throughput in samples per second, measured as
@@ -7,33 +7,11 @@ Conventions: memory in bytes (1 MB = 1e6 bytes when shown as MB); throughput in 
 ``trial_seconds`` passed (after one untimed warm-up call); "frames" per second are samples per second of a stage
 divided by the product of the ``fan_out`` of every stage before it (a detector with fan_out 3 feeds 3 items per
 frame to the next stage, which then needs 3 samples per frame). A pipeline's throughput is its slowest stage in
-frames per second: stages overlap (threads, processes, devices), as in the seed. A deployment that runs the stages
+frames per second: stages overlap (threads, processes, devices). A deployment that runs the stages
 strictly one after another gets ``1 / sum(1 / frames_per_second_i)`` instead, computable from the per-stage figures;
 with ``concurrent = false`` each stage's memory limit is independent, so the same choice maximises both.
 
-The seed ``DataTracker`` (000_435198381ac95df0) and where each capability lives in rpx:
-
-======================================  ==============================================================================
-seed name                               rpx
-======================================  ==============================================================================
-``batch_sizes``                         :attr:`BatchSearchResult.batch_sizes` (non-failing combinations, trial order)
-``combos_exhausted``                    :meth:`rpx_plugins.batch_search.planner.BatchPlanner.exhausted` (``next_combination``
-                                        returns None)
-``has_oom``                             :attr:`BatchTracker.last_failed`, :attr:`BatchSearchResult.last_failed`
-                                        (out of memory *or* over the usable budget)
-``collect_vram``                        ``peak=`` of :meth:`BatchTracker.record_stage` / :meth:`BatchTracker.end_trial`;
-                                        read back with :attr:`BatchSearchResult.memory_peaks`
-``vram`` / ``vram_limit``               ``Trial.peak_bytes`` / ``Trial.reserved_bytes``;
-                                        :attr:`BatchSearchResult.usable_bytes`
-``get_samples(index, adjusted)``        :meth:`BatchSearchResult.samples` (samples per second, not counts: trials
-                                        differ in length)
-``get_samples_stats(method, ...)``      :meth:`BatchSearchResult.samples_stats`
-``update_iterations(n, matrix_id)``     :meth:`BatchTracker.record_stage` (``calls`` and ``seconds``, under a lock)
-``add_iterations_row``                  :meth:`BatchTracker.begin_trial`
-``add_next_batch_sizes``                :meth:`rpx_plugins.batch_search.planner.BatchPlanner.next_combination` (pure: the
-                                        combination to try next, given the trials so far)
-``face_scaling`` / ``has_detector``     ``fan_out`` of each model in the spec (any stage may fan out)
-======================================  ==============================================================================
+Users of faceswap's ``DataTracker`` find where each of its queries lives in rpx in ``docs/migrating.md``.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ class GPURoofline:
 
     @property
     def latency_ms(self) -> float:
-        """The seed's headline name: bound (1), whole model with fused traffic, the one no implementation can beat."""
+        """The headline bound (1): whole model with fused traffic, the one no implementation can beat."""
         return self.bound_ms_fused
 
 

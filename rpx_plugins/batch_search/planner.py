@@ -58,7 +58,7 @@ TRUST_RESIDUALS = 2.0
 BISECT_AFTER_MISSES = 2
 #: The least predicted gain for which a concurrent search tries a rebalanced combination.
 MIN_REBALANCE_GAIN = 0.02
-#: The least factor a concurrent bottleneck grows by per step (the seed doubles too).
+#: The least factor a concurrent bottleneck grows by per step.
 BOTTLENECK_GROWTH = 2
 
 
@@ -119,7 +119,7 @@ class BatchPlanner:
     resolution: float = 0.05
 
     def next_combination(self, trials: Sequence[Trial]) -> tuple[int, ...] | None:
-        """The batch sizes to try next; None when the search is over (the seed's ``combos_exhausted``)."""
+        """The batch sizes to try next; None when the search is over ."""
         return self._next_concurrent(trials) if self.concurrent else self._next_sequential(trials)
 
     def exhausted(self, trials: Sequence[Trial]) -> bool:

@@ -146,5 +146,5 @@ def _per_operator(records: Sequence[OpRecordLike], peak_flops: float, bandwidth:
 
 
 def _bottleneck(compute_s: float, memory_s: float) -> str:
-    """Which roof the bound sits under; ties count as compute, as in the seed."""
+    """Which roof the bound sits under; a tie counts as compute."""
     return "memory" if memory_s > compute_s else "compute"
