@@ -46,6 +46,7 @@ STRICT_ENV = "RPX_STRICT_PLUGINS"  # "1": a plugin that fails to import is an er
 GPU_PACKS_ENV = "RPX_GPU_PACKS"  # extra GPU pack TOML files, separated like PATH
 TRACE_ENV = "RPX_TRACE_HOOKS"  # "1": print every stage hook call and the plugin that answered to stderr
 PREFIX = f"{hookspecs.PROJECT}_"
+REGISTRATION_HOOKS = tuple(name for name in dir(hookspecs) if name.startswith(f"{PREFIX}register_"))
 
 #: The built-in plugins (modules of rpx_plugins), by short name, registered in this order before entry-point plugins
 #: and listed and disabled exactly like them.
@@ -182,6 +183,7 @@ class Plugins:
         unknown = disabled - {info.name for info in plugins._infos}
         if unknown:
             warnings.warn(f"cannot disable unknown plugin(s): {', '.join(sorted(unknown))}", PluginLoadWarning, stacklevel=2)
+        plugins._probe_registrations()
         plugins._add_stage_hooks()
         plugins._refuse_unknown_hooks()
         invalid = [info for info in plugins._infos if info.status == "invalid"]
@@ -241,6 +243,16 @@ class Plugins:
 
     def _hooks_of(self, plugin: Any) -> tuple[str, ...]:
         return tuple(sorted(impl.name for impl in self._pm.get_hookcallers(plugin) or ()))
+
+    def _probe_registrations(self) -> None:
+        """Call every registration hook once: a plugin whose registration raises is invalid, named with the error."""
+        for hook in REGISTRATION_HOOKS:
+            for impl in _implementations(getattr(self._pm.hook, hook)):
+                try:
+                    impl.function()
+                except Exception as exc:
+                    self._invalidate(impl.plugin_name, f"plugin {impl.plugin_name!r}: {hook} raised "
+                                                       f"{type(exc).__name__}: {exc}")
 
     def _add_stage_hooks(self) -> None:
         """Give every declared stage its hook spec, so its implementations are checked and called like any hook."""

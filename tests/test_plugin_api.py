@@ -237,6 +237,15 @@ def test_wrong_argument_names_are_one_line_naming_the_plugin_and_the_arguments(t
     assert listing.returncode == 0 and "args" in listing.stdout and "[invalid: plugin 'args'" in listing.stdout
 
 
+def test_a_registration_that_raises_makes_its_plugin_invalid_and_rpx_plugins_shows_it(tmp_path):
+    code = "def rpx_register_backends():\n    raise RuntimeError('no driver')\n"
+    env = env_with(install(tmp_path, "rpx-raising", "raising", code))
+    listing = rpx_cli("plugins", env=env)
+    assert listing.returncode == 0
+    assert "[invalid: plugin 'raising': rpx_register_backends raised RuntimeError: no driver]" in listing.stdout
+    assert rpx_cli("backends", env=env).returncode == 2  # every other command refuses, with that one line
+
+
 def test_misspelled_hook_makes_its_plugin_invalid_with_a_suggestion(tmp_path, monkeypatch):
     code = "from rpx_core.plugin import hookimpl\n\n@hookimpl\ndef rpx_count_flop(ctx):\n    return None\n"
     monkeypatch.syspath_prepend(str(install(tmp_path, "rpx-typo", "typo", code)))
