@@ -33,26 +33,30 @@ def default_plugins() -> Plugins:
 
 
 def make_plan_for(models: Mapping[str, Any], *, inputs: Iterable[Any] | Mapping[str, Iterable[Any]] = (),
-                  plugins: Plugins | None = None, **settings: Any) -> Plan:
-    """A plan for live ``models`` (name -> object) and spec ``settings`` (backend, precision, stages, options, ...).
-    ``inputs`` are shapes or input tables, for every model or per model name."""
+                  model_keys: Mapping[str, Any] | None = None, plugins: Plugins | None = None, **settings: Any) -> Plan:
+    """A plan for ``models`` (name -> a live object, or a source string ``"pkg.module:callable"``) and spec
+    ``settings`` (backend, precision, stages, options, ...). ``inputs`` are shapes or input tables, for every model or
+    per model name; ``model_keys`` are further keys of each ``[[models]]`` table (kwargs, input_factory, ...)."""
     tables = []
     for name, model in models.items():
         given = inputs.get(name, ()) if isinstance(inputs, Mapping) else inputs
-        tables.append({"name": name, "source": f"<object>:{type(model).__name__}", "inputs": input_tables(given)})
+        source = model if isinstance(model, str) else f"<object>:{type(model).__name__}"
+        tables.append({"name": name, "source": source, "inputs": input_tables(given), **(model_keys or {})})
     spec = spec_from_dict({"models": tables, **settings}, where="make_context()")
     return make_plan(spec, plugins or default_plugins(), where="make_context()")
 
 
 def make_context(model: Any, *, inputs: Iterable[Any] = (), backend: Backend | None = None,
                  plugins: Plugins | None = None, results: Mapping[str, Any] | None = None, name: str = "model",
-                 **settings: Any) -> StageContext:
-    """The StageContext a run would give the stages of ``model``. ``backend`` replaces the registered backend of
-    the spec's name (e.g. a backend over a fake device); ``results`` are earlier stages' results by name."""
+                 model_keys: Mapping[str, Any] | None = None, **settings: Any) -> StageContext:
+    """The StageContext a run would give the stages of ``model`` (a live object, or a source string). ``backend``
+    replaces the registered backend of the spec's name (e.g. a backend over a fake device); ``results`` are earlier
+    stages' results by name."""
     plugins = plugins or default_plugins()
-    plan = make_plan_for({name: model}, inputs=inputs, plugins=plugins, **settings)
+    plan = make_plan_for({name: model}, inputs=inputs, model_keys=model_keys, plugins=plugins, **settings)
     backend = backend or plugins.backend(plan.spec.backend, plan.spec.choose, require_available=False)
-    ctx = StageContext(plan.jobs[0], backend, plugins, plan.gpu_catalog, model_object=model)
+    live = None if isinstance(model, str) else model
+    ctx = StageContext(plan.jobs[0], backend, plugins, plan.gpu_catalog, model_object=live)
     ctx.results.update(results or {})
     return ctx
 
@@ -63,8 +67,8 @@ def make_run_context(models: Mapping[str, Any], *, stage: str, inputs: Iterable[
     plugins = plugins or default_plugins()
     plan = make_plan_for(models, inputs=inputs, plugins=plugins, stages=[stage], **settings)
     backend = backend or plugins.backend(plan.spec.backend, plan.spec.choose, require_available=False)
-    contexts = [StageContext(job, backend, plugins, plan.gpu_catalog, model_object=models[job.model.name])
-                for job in plan.jobs]
+    contexts = [StageContext(job, backend, plugins, plan.gpu_catalog, model_object=live)
+                for job in plan.jobs for live in [None if isinstance(models[job.model.name], str) else models[job.model.name]]]
     return RunContext(contexts, plan.options.get(stage), backend, plugins, plan.gpu_catalog)
 
 

@@ -127,10 +127,10 @@ def test_backend_name_clash_names_both_providers_unless_the_spec_chooses(tmp_pat
     monkeypatch.syspath_prepend(str(pip_install_target(package, tmp_path / "site")))
     plugins = Plugins.load()
     spec = {"models": [MODEL], "stages": ["count_params"]}
-    with pytest.raises(PluginError) as info:
-        run_spec(spec_from_dict(spec), plugins=plugins, output=None)
+    with pytest.raises(SpecError) as info:
+        run_spec(spec_from_dict(spec), plugins=plugins, output=None, spec_path="s.toml")
     message = str(info.value)
-    assert "backend 'cpu' is registered by plugin" in message
+    assert message.startswith("s.toml: backend: backend 'cpu' is registered by plugin")
     assert f"plugin 'cpu' (rpx {__version__})" in message and "plugin 'clash' (rpx-clash 1.2.3)" in message
     chosen = run_spec(spec_from_dict({**spec, "choose": {"backends": {"cpu": "clash"}}}), plugins=plugins, output=None)
     assert chosen.model("lin").ok

@@ -15,10 +15,10 @@ import tomli_w
 import torch
 
 from rpx_core.backends import Backend
-from rpx_core.context import Job, StageContext
 from rpx_core.convert import converter
 from rpx_core.results import to_data
-from rpx_core.spec import InputSpec, ModelSpec
+from rpx_core.spec import ModelSpec
+from rpx_core.testing import make_context, run_stage
 from rpx_core.types.system_card import SystemCard
 from rpx_plugins import system_card
 from rpx_plugins.torch.cpu import CpuBackend
@@ -127,16 +127,15 @@ def dtypes_made(backend: object, spec: ModelSpec, precision: str, device: str) -
     return [str(value.dtype).removeprefix("torch.") for value in (*args, *kwargs.values())]
 
 
-INPUTS = (InputSpec((1, 3, 32, 32)), InputSpec((1, 8), "int64", name="ids"))
+INPUTS = [{"shape": [1, 3, 32, 32]}, {"shape": [1, 8], "dtype": "int64", "name": "ids"}]
 
 
 def test_stage_adds_the_job_settings_and_round_trips_through_toml():
-    spec = ModelSpec(name="m", source="x:y", inputs=INPUTS)
-    job = Job(spec, "cpu", "cpu", "bf16", ("system_card",), {}, (), (1, 8))
-    card = system_card.rpx_system_card(StageContext(job, CpuBackend(), plugins=None, gpu_catalog=None))
+    ctx = make_context("x:y", inputs=INPUTS, precision="bf16", stages=["system_card"], batch_sizes=[1, 8])
+    card = run_stage("system_card", ctx)
     assert (card.precision, card.batch_sizes) == ("bf16", (1, 8))
     # what runs, not what the spec wrote: the float32 input runs as bfloat16, the token ids stay int64
-    floating, ids = dtypes_made(CpuBackend(), spec, "bf16", "cpu")
+    floating, ids = dtypes_made(CpuBackend(), ctx.job.model, "bf16", "cpu")
     assert (floating, ids) == ("bfloat16", "int64")
     assert card.input_shapes == (f"{floating}[1, 3, 32, 32]", f"{ids}[1, 8] (ids)")
     assert card.threads["torch_intra_op"] == torch.get_num_threads()
@@ -149,10 +148,9 @@ def test_stage_adds_the_job_settings_and_round_trips_through_toml():
 def test_inputs_of_a_jax_job_are_described_as_jax_makes_them():
     from rpx_plugins.jax.backend import JaxBackend
 
-    spec = ModelSpec(name="m", source="x:y", inputs=INPUTS)
-    job = Job(spec, "jax", "cpu:0", "fp16", ("system_card",), {}, (), (1,))
-    card = system_card.rpx_system_card(StageContext(job, JaxBackend(), plugins=None, gpu_catalog=None))
-    floating, ids = dtypes_made(JaxBackend(), spec, "fp16", "cpu:0")  # int64 ids are int32 without jax_enable_x64
+    ctx = make_context("x:y", inputs=INPUTS, backend=JaxBackend(), precision="fp16", stages=["system_card"])
+    card = run_stage("system_card", ctx)
+    floating, ids = dtypes_made(JaxBackend(), ctx.job.model, "fp16", ctx.job.device)  # int64 ids: int32 without x64
     assert card.input_shapes == (f"{floating}[1, 3, 32, 32]", f"{ids}[1, 8] (ids)")
 
 
@@ -160,13 +158,10 @@ def test_inputs_of_an_unknown_framework_or_a_factory_are_not_guessed():
     class OtherBackend(Backend):
         name, framework = "other", "onnx"
 
-    spec = ModelSpec(name="m", source="x:y", inputs=INPUTS)
-    job = Job(spec, "other", "cpu", "fp16", ("system_card",), {}, (), (1,))
-    described = system_card.describe_inputs(StageContext(job, OtherBackend(), plugins=None, gpu_catalog=None))
+    described = system_card.describe_inputs(make_context("x:y", inputs=INPUTS, backend=OtherBackend(), precision="fp16"))
     assert described == ("float32[1, 3, 32, 32] (dtype as written)", "int64[1, 8] (ids) (dtype as written)")
-    made = ModelSpec(name="m", source="x:y", input_factory="pkg.inputs:make")
-    job = Job(made, "cpu", "cpu", "fp16", ("system_card",), {}, (), (1,))
-    described = system_card.describe_inputs(StageContext(job, CpuBackend(), plugins=None, gpu_catalog=None))
+    made = make_context("x:y", precision="fp16", model_keys={"input_factory": "pkg.inputs:make"})
+    described = system_card.describe_inputs(made)
     assert described == ("made by input_factory pkg.inputs:make",)
 
 
