@@ -73,6 +73,9 @@ class Backend:
     precisions: ClassVar[tuple[str, ...]] = ("fp32",)
     #: The model families this backend can run ("torch", "jax", ...): a model factory's object must fit one.
     framework: ClassVar[str] = "torch"
+    #: Modules rpx's worker processes import once, before they are forked, so no job pays for importing them
+    #: (the framework, and what its stages import lazily on first use).
+    worker_preload: ClassVar[tuple[str, ...]] = ()
 
     @functools.cached_property
     def availability(self) -> Availability:

@@ -16,7 +16,9 @@ import attrs
 
 from rpx_core.convert import converter, structure
 from rpx_core.errors import SpecError
+from rpx_core.limits import Execution
 from rpx_core.precision import PrecisionName
+from rpx_core.safe_write import path_safe
 
 SCHEMA_VERSION = 1
 DEFAULT_STAGES = ("count_params", "count_flops", "estimate_traffic", "system_card")
@@ -103,11 +105,13 @@ class Spec:
     options: dict[str, dict[str, Any]] = attrs.Factory(dict)  # per-stage options, checked against the stage's options
     choose: Choices = attrs.Factory(Choices)
     on_unavailable: Literal["error", "skip"] = "error"  # what to do when the backend is not available here
+    execution: Execution = attrs.Factory(Execution)  # worker processes and time limits (rpx_core.limits)
     schema: int = SCHEMA_VERSION
     base_dir: str = "."  # set by load_spec; not read from the file
 
     def output_path(self) -> Path:
-        return Path(self.output.format(name=self.name))
+        """The results file; the spec's name enters it as one safe path component (``../x`` stays inside)."""
+        return Path(self.output.format(name=path_safe(self.name)))
 
     def to_data(self) -> dict[str, Any]:
         """The spec as plain data, as rpx understood it (defaults filled in), without where it was read from."""

@@ -74,6 +74,8 @@ class TorchBackend(Backend):
     """Base for torch backends: placement and inputs are the same everywhere, only the device differs."""
 
     framework = "torch"
+    #: torch, and what the counting pass imports on first use (dynamo, fake tensors: about 4 s on a small CPU).
+    worker_preload = ("torch", "torch._dynamo", "torch._subclasses.fake_tensor", "rpx_plugins.torch.counter")
 
     def place_model(self, model: Any, precision: str, device: str) -> Any:
         import torch
