@@ -71,7 +71,7 @@ def _kind(mode: int) -> str:
 def atomic_write(path: Path, text: str, protected: Iterable[Path] = ()) -> Path:
     """Replace ``path`` with ``text`` in one rename: readers see the old file or the new one, never a torn one."""
     check_target(path, protected)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
@@ -87,6 +87,14 @@ def atomic_write(path: Path, text: str, protected: Iterable[Path] = ()) -> Path:
             pass
         raise
     return path
+
+
+def make_folder(path: Path) -> None:
+    """Create the folder ``path`` goes in; failing that, say so about ``path``."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot write results to {path}: {exc.strerror or exc}") from None
 
 
 def _umask() -> int:
@@ -110,9 +118,12 @@ class OutputLock:
     def acquire(self) -> OutputLock:
         import fcntl
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(self.output)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise OutputError(f"cannot write results to {self.output}: {exc.strerror or exc}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
