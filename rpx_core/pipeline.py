@@ -99,8 +99,9 @@ def run_plan(
     lock = OutputLock(output) if output is not None else contextlib.nullcontext()
     with lock, signals_raise():
         record = provenance(plan, plugins, spec_path)
-        previous = resume_from(output, record.spec_hash, record.rpx_version, plugin_identity(plugins)) if (
-            resume and output is not None) else None
+        result_types = {name: stage.result for name, stage in plugins.stages(spec.choose).unambiguous().items()}
+        previous = resume_from(output, record.spec_hash, record.rpx_version, plugin_identity(plugins),
+                               result_types) if resume and output is not None else None
         start = attrs.evolve(previous.run, provenance=attrs.evolve(previous.run.provenance, finished=None,
                                                                    command=record.command)) if previous else RunResult(provenance=record)
         results = ResultsFile(start, output, fmt, run_inputs(plan, spec_path))

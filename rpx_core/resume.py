@@ -13,6 +13,7 @@ refused with the difference named. Then:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
@@ -49,11 +50,12 @@ class Resumed:
         return self.run.run_stages.get(name)
 
 
-def resume_from(path: Path, spec_hash: str, rpx_version: str, plugins: tuple[tuple[str, str, str], ...]) -> Resumed | None:
+def resume_from(path: Path, spec_hash: str, rpx_version: str, plugins: tuple[tuple[str, str, str], ...],
+                result_types: Mapping[str, type | None]) -> Resumed | None:
     """The previous run at ``path`` if it can be resumed by this one; None if there is no file yet."""
     if not path.exists():
         return None
-    previous = load(path)
+    previous = load(path, result_types)
     provenance = previous.provenance
     had = tuple(sorted((info.name, info.distribution, info.version) for info in provenance.plugins
                        if info.status == "loaded"))
