@@ -8,7 +8,9 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 import attrs
 
 from rpx_core import results as results_io
+from rpx_core.checks import run_problems
 from rpx_core.convert import converter, structure
+from rpx_core.errors import SpecError
 from rpx_core.limits import Execution
 from rpx_core.pipeline import Listener, run_plan
 from rpx_core.plan import make_plan
@@ -42,8 +44,12 @@ def run_spec(
     if execution:
         spec = attrs.evolve(spec, execution=structure({**converter.unstructure(spec.execution), **execution}, Execution,
                                                       where=spec_path or "<spec>", base_path="execution"))
-    plan = make_plan(spec, plugins, where=spec_path or "<spec>", stages=tuple(stages) if stages is not None else None)
+    where = spec_path or "<spec>"
+    plan = make_plan(spec, plugins, where=where, stages=tuple(stages) if stages is not None else None)
     path = spec.output_path() if output is DEFAULT else (Path(output) if output is not None else None)
+    problems = run_problems(spec, plan, plugins, where=where, output=path, spec_path=spec_path)
+    if problems:
+        raise SpecError("\n".join(problems))
     return run_plan(plan, plugins, output=path, fmt=fmt, spec_path=spec_path, model_objects=model_objects,
                     listener=listener, resume=resume)
 

@@ -95,6 +95,11 @@ class Backend:
         """Raise BackendUnavailable naming the device and the reason if ``device`` cannot be used (called before any
         model is built)."""
 
+    def device_problem(self, device: str) -> str | None:
+        """Why ``device`` is not a device name of this backend, by its form alone (no runtime is started); None if
+        it may be one. The default cannot tell; backends that know their names say so."""
+        return None
+
     def device_memory_bytes(self, device: str) -> int | None:
         """Total memory of ``device`` in bytes (what a fractional memory budget is a fraction of); None if unknown."""
         return None

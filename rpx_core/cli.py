@@ -84,15 +84,16 @@ def load_plugins(args: argparse.Namespace, *, tolerant: bool = False):
 
 def cmd_run(args: argparse.Namespace) -> int:
     from rpx_core.api import run_spec
-    from rpx_core.spec import load_spec
+    from rpx_core.checks import validate
     from rpx_core.summary import render_run
 
-    spec = load_spec(args.spec)
-    output = Path(args.output) if args.output else spec.output_path()
+    plugins = load_plugins(args)
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip()) if args.stages is not None else None
+    spec, _ = validate(args.spec, plugins, stages=stages, output=Path(args.output) if args.output else None)
+    output = Path(args.output) if args.output else spec.output_path()
     overrides = {key: value for key, value in (("isolation", args.isolation), ("stage_timeout", args.stage_timeout),
                                                ("job_timeout", args.job_timeout)) if value is not None}
-    result = run_spec(spec, output=output, fmt=args.format, stages=stages, plugins=load_plugins(args), spec_path=args.spec,
+    result = run_spec(spec, output=output, fmt=args.format, stages=stages, plugins=plugins, spec_path=args.spec,
                       listener=print_progress, execution=overrides, resume=args.resume)
     print(render_run(result))
     print(f"results: {output}")
@@ -107,12 +108,10 @@ def print_progress(model: str, stage: str, record: Any) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from rpx_core.plan import make_plan
-    from rpx_core.spec import load_spec
+    from rpx_core.checks import validate
 
     plugins = load_plugins(args)
-    spec = load_spec(args.spec)
-    plan = make_plan(spec, plugins, where=args.spec)
+    spec, plan = validate(args.spec, plugins)
     print(f"{args.spec}: ok — {len(plan.jobs)} model(s); stages: {', '.join(plan.stages)}")
     availability = plugins.backend(spec.backend, spec.choose, require_available=False).availability
     if not availability.available:
