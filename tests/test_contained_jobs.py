@@ -69,9 +69,17 @@ throughput_min_calls = 1
 """
 
 
-def write_spec(tmp_path: Path, first: str, *, stages: str = '["count_params", "measure_latency"]',
+def write_spec(tmp_path: Path, models: dict[str, str], *, stages: str = '["count_params", "measure_latency"]',
                extra: str = LATENCY, execution: str = "stage_timeout = 60") -> Path:
+    """A spec with one model per entry of ``models`` (name -> kwargs table), all built by models.py:build."""
     (tmp_path / "models.py").write_text(MODELS)
+    tables = "".join(f"""
+        [[models]]
+        name = "{name}"
+        source = "models.py:build"
+        kwargs = {kwargs}
+        inputs = [{{ shape = [1, 4] }}]
+        """ for name, kwargs in models.items())
     spec = tmp_path / "spec.toml"
     spec.write_text(textwrap.dedent(f"""
         name = "probe"
@@ -79,16 +87,7 @@ def write_spec(tmp_path: Path, first: str, *, stages: str = '["count_params", "m
         output = "out.toml"
         [execution]
         {execution}
-        [[models]]
-        name = "first"
-        source = "models.py:build"
-        kwargs = {first}
-        inputs = [{{ shape = [1, 4] }}]
-        [[models]]
-        name = "second"
-        source = "models.py:build"
-        inputs = [{{ shape = [1, 4] }}]
-    """) + textwrap.dedent(extra))
+        """) + textwrap.dedent(tables) + textwrap.dedent(extra))
     return spec
 
 
@@ -101,85 +100,56 @@ def statuses(model) -> dict[str, str]:
     return {name: record.status for name, record in model.stages.items()}
 
 
-def assert_resume_redoes_nothing(tmp_path: Path, spec: Path, expected_code: int) -> None:
-    """``--resume`` of a run that went on past the failure: nothing left to do, every record kept as it was."""
-    before = load(tmp_path / "out.toml")
-    done = rpx("run", str(spec), "--resume", cwd=tmp_path)
-    assert done.returncode == expected_code, done.stderr
-    after = load(tmp_path / "out.toml")
-    assert after.models == before.models
+CRASHES = {
+    "segv": "worker crashed during stage 'measure_latency': killed by signal SIGSEGV (segmentation fault)",
+    "sigkill": "worker crashed during stage 'measure_latency': killed by signal SIGKILL (killed: the system's "
+               "out-of-memory killer, or another process)",
+    "exit0": "SystemExit: user code called sys.exit(0) during stage 'measure_latency'",
+    "raise": "ValueError: broken on purpose",
+    "hang": "timed out: stage 'measure_latency' ran past the stage_timeout of 3 s and was stopped",
+}
 
 
-@pytest.mark.parametrize("how, error", [
-    ("segv", "worker crashed during stage 'measure_latency': killed by signal SIGSEGV (segmentation fault)"),
-    ("sigkill", "worker crashed during stage 'measure_latency': killed by signal SIGKILL (killed: the system's "
-                "out-of-memory killer, or another process)"),
-])
-def test_a_worker_killed_mid_job_fails_that_job_and_the_run_goes_on(tmp_path, how, error):
-    spec = write_spec(tmp_path, f'{{ how = "{how}" }}')
+def test_crashes_hangs_and_exits_fail_their_job_only_and_resume_redoes_nothing(tmp_path):
+    """One run, one model per misbehaviour (a segfault and a SIGKILL mid-job, a hang in forward and at import,
+    sys.exit(0), an exception), and a good model last: each is recorded, the run goes on, exit code 1."""
+    models = {how: f'{{ how = "{how}" }}' for how in CRASHES} | {"importhang": "{}", "good": "{}"}
+    spec = write_spec(tmp_path, models, execution="stage_timeout = 3")
+    (tmp_path / "slow.py").write_text("import time\nwhile True:\n    time.sleep(0.05)\ndef build():\n    pass\n")
+    spec.write_text(spec.read_text().replace('name = "importhang"\nsource = "models.py:build"',
+                                             'name = "importhang"\nsource = "slow.py:build"'))
     done = rpx("run", str(spec), cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     run = load(tmp_path / "out.toml")
-    first, second = run.model("first"), run.model("second")
-    assert statuses(first) == {"count_params": "ok", "system_card": "ok", "measure_latency": "failed"}
-    record = first.stages["measure_latency"]
-    assert record.error == error
-    if how == "segv":  # faulthandler's dump: the Python stack of the crash, in the stage record
-        assert "Fatal Python error: Segmentation fault" in record.stderr_tail and "in forward" in record.stderr_tail
-    assert first.finished is not None  # the job is over (failed), not interrupted
-    assert second.ok and second.finished is not None
-    assert_resume_redoes_nothing(tmp_path, spec, 1)
+    assert [model.name for model in run.models] == [*CRASHES, "importhang", "good"]
+    for how, error in CRASHES.items():
+        model = run.model(how)
+        assert statuses(model) == {"count_params": "ok", "system_card": "ok", "measure_latency": "failed"}, how
+        assert model.stages["measure_latency"].error == error
+        assert model.finished is not None  # the job is over (failed), not interrupted
+    segv = run.model("segv").stages["measure_latency"]  # faulthandler's dump: the Python stack of the crash
+    assert "Fatal Python error: Segmentation fault" in segv.stderr_tail and "in forward" in segv.stderr_tail
+    assert "probe: hanging now" in run.model("hang").stages["measure_latency"].stderr_tail
+    assert run.model("hang").stages["measure_latency"].seconds >= 3
+    for how in ("exit0", "raise"):
+        assert "Traceback" in run.model(how).stages["measure_latency"].traceback
+    importhang = run.model("importhang")
+    assert importhang.stages["count_params"].error == (
+        "timed out: stage 'count_params' ran past the stage_timeout of 3 s and was stopped")
+    assert statuses(importhang) == {"count_params": "failed", "system_card": "skipped", "measure_latency": "skipped"}
+    assert importhang.stages["measure_latency"].error.startswith("not run: stage 'count_params' of this job failed")
+    assert run.model("good").ok and run.provenance.finished is not None
+
+    resumed = rpx("run", str(spec), "--resume", cwd=tmp_path)  # every job is complete: nothing runs again
+    assert resumed.returncode == 1, resumed.stderr
+    assert load(tmp_path / "out.toml").models == run.models
 
 
-def test_a_hung_forward_is_killed_at_its_stage_timeout(tmp_path):
-    spec = write_spec(tmp_path, '{ how = "hang" }', execution="stage_timeout = 3")
-    started = time.monotonic()
-    done = rpx("run", str(spec), cwd=tmp_path)
-    assert done.returncode == 1, done.stderr
-    assert time.monotonic() - started < 120
-    first = load(tmp_path / "out.toml").model("first")
-    record = first.stages["measure_latency"]
-    assert record.status == "failed"
-    assert record.error == "timed out: stage 'measure_latency' ran past the stage_timeout of 3 s and was stopped"
-    assert "probe: hanging now" in record.stderr_tail
-    assert record.seconds >= 3
-    assert load(tmp_path / "out.toml").model("second").ok
-    assert_resume_redoes_nothing(tmp_path, spec, 1)
-
-
-def test_a_hang_at_import_is_killed_at_the_job_timeout(tmp_path):
-    spec = write_spec(tmp_path, "{}", execution="job_timeout = 3")
-    (tmp_path / "slow.py").write_text("import time\nwhile True:\n    time.sleep(0.05)\n")
-    spec.write_text(spec.read_text().replace('source = "models.py:build"', 'source = "slow.py:build"', 1))
-    done = rpx("run", str(spec), cwd=tmp_path)
-    assert done.returncode == 1, done.stderr
-    first = load(tmp_path / "out.toml").model("first")
-    assert first.stages["count_params"].error == (
-        "timed out: stage 'count_params' ran past the job_timeout of 3 s and was stopped")
-    assert first.stages["system_card"].status == first.stages["measure_latency"].status == "skipped"
-    assert first.stages["measure_latency"].error.startswith("not run: stage 'count_params' of this job failed: timed out")
-    assert load(tmp_path / "out.toml").model("second").ok
-
-
-@pytest.mark.parametrize("how, error", [
-    ("exit0", "SystemExit: user code called sys.exit(0) during stage 'measure_latency'"),
-    ("raise", "ValueError: broken on purpose"),
-])
-def test_sys_exit_and_exceptions_in_a_model_fail_its_stage_only(tmp_path, how, error):
-    spec = write_spec(tmp_path, f'{{ how = "{how}" }}')
-    done = rpx("run", str(spec), cwd=tmp_path)
-    assert done.returncode == 1, done.stderr
-    run = load(tmp_path / "out.toml")
-    assert run.model("first").stages["measure_latency"].error == error
-    assert "Traceback" in run.model("first").stages["measure_latency"].traceback
-    assert run.model("second").ok
-    assert_resume_redoes_nothing(tmp_path, spec, 1)
-
-
-def interrupt_when_hanging(spec: Path, tmp_path: Path, signum: int) -> subprocess.CompletedProcess:
-    """Run ``spec``; when the model says it hangs, send ``signum`` to rpx (the parent process only)."""
-    marker = tmp_path / "flag.hanging"
-    process = subprocess.Popen([sys.executable, "-m", "rpx_core.cli", "run", str(spec)], cwd=tmp_path,
+def interrupt_when_hanging(spec: Path, flag: Path, signum: int, *args: str) -> subprocess.CompletedProcess:
+    """Run ``spec``; when the model with ``flag`` says it hangs, send ``signum`` to rpx (the parent process only)."""
+    tmp_path = spec.parent
+    marker = flag.with_name(flag.name + ".hanging")
+    process = subprocess.Popen([sys.executable, "-m", "rpx_core.cli", "run", str(spec), *args], cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while not marker.exists():
@@ -191,60 +161,57 @@ def interrupt_when_hanging(spec: Path, tmp_path: Path, signum: int) -> subproces
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_interrupting_a_per_model_stage_records_it_and_resume_finishes_the_rest(tmp_path, signum, code):
-    (tmp_path / "flag").write_text("")
-    spec = write_spec(tmp_path, f'{{ how = "hang", flag = "{tmp_path / "flag"}" }}')
-    done = interrupt_when_hanging(spec, tmp_path, signum)
-    assert done.returncode == code, done.stderr
-    name = signal.Signals(signum).name
-    assert f"rpx: interrupted ({name})" in done.stderr
-    run = load(tmp_path / "out.toml")
-    first = run.model("first")
-    assert statuses(first) == {"count_params": "ok", "system_card": "ok", "measure_latency": "interrupted"}
-    assert first.stages["measure_latency"].error == f"interrupted by {name}"
-    assert first.finished is None and [model.name for model in run.models] == ["first"]
-    assert run.provenance.finished is None
-
-    resumed = rpx("run", str(spec), "--resume", cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr
-    again = load(tmp_path / "out.toml")
-    for stage in ("count_params", "system_card"):  # kept, not measured again
-        assert again.model("first").stages[stage] == first.stages[stage]
-    assert again.model("first").ok and again.model("second").ok and again.provenance.finished is not None
-    assert again.provenance.created == run.provenance.created
-    assert "count_params" not in resumed.stderr.split("second")[0]  # progress lines: first's kept stages not rerun
-
-
 BATCH = """
 [options.batch_search]
+pipeline = ["second"]
 max_batch = 16
 trial_seconds = 0.02
 gain_threshold = 0.0
 memory_budget = "4GB"
 safety_margin = 0
 """
+CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_interrupting_batch_search_keeps_its_finished_trials_and_resume_continues_them(tmp_path, signum, code):
-    (tmp_path / "flag").write_text("")
-    spec = write_spec(tmp_path, f'{{ how = "hang", flag = "{tmp_path / "flag"}", from_batch = 4 }}',
-                      stages='["count_params", "batch_search"]', extra=BATCH)
-    spec.write_text(spec.read_text().replace("[options.batch_search]", '[options.batch_search]\npipeline = ["first"]'))
-    done = interrupt_when_hanging(spec, tmp_path, signum)
-    assert done.returncode == code, done.stderr
+@pytest.mark.parametrize("per_model, run_scoped", [(signal.SIGINT, signal.SIGTERM), (signal.SIGTERM, signal.SIGINT)])
+def test_interrupted_stages_are_recorded_and_resume_finishes_the_rest(tmp_path, per_model, run_scoped):
+    """Interrupt the first model's measure_latency, resume; the resumed run hangs in batch_search: interrupt it,
+    resume again. Each time the file holds everything finished, and nothing finished is measured again."""
+    first_flag, second_flag = tmp_path / "first-flag", tmp_path / "second-flag"
+    first_flag.write_text("")
+    spec = write_spec(tmp_path, {"first": f'{{ how = "hang", flag = "{first_flag}" }}',
+                                 "second": f'{{ how = "hang", flag = "{second_flag}", from_batch = 4 }}'},
+                      stages='["count_params", "measure_latency", "batch_search"]', extra=LATENCY + BATCH)
+    done = interrupt_when_hanging(spec, first_flag, per_model)
+    name = signal.Signals(per_model).name
+    assert done.returncode == CODES[per_model], done.stderr
+    assert f"rpx: interrupted ({name})" in done.stderr
     run = load(tmp_path / "out.toml")
-    assert run.model("first").ok and run.model("second").ok  # the per-model stages finished before
-    record = run.run_stages["batch_search"]
-    assert record.status == "interrupted" and record.error == f"interrupted by {signal.Signals(signum).name}"
+    first = run.model("first")
+    assert statuses(first) == {"count_params": "ok", "system_card": "ok", "measure_latency": "interrupted"}
+    assert first.stages["measure_latency"].error == f"interrupted by {name}"
+    assert first.finished is None and [model.name for model in run.models] == ["first"]
+    assert run.provenance.finished is None and not run.run_stages
+
+    second_flag.write_text("")  # the second model hangs in batch_search's trial at batch 4
+    done = interrupt_when_hanging(spec, second_flag, run_scoped, "--resume")
+    assert done.returncode == CODES[run_scoped], done.stderr
+    assert "  first                count_params" not in done.stderr  # kept, not run again
+    again = load(tmp_path / "out.toml")
+    for stage in ("count_params", "system_card"):
+        assert again.model("first").stages[stage] == first.stages[stage]
+    assert again.model("first").ok and again.model("second").ok
+    record = again.run_stages["batch_search"]
+    assert record.status == "interrupted" and record.error == f"interrupted by {signal.Signals(run_scoped).name}"
     finished = record.result.trials
     assert [trial.batch_sizes for trial in finished] == [(1,), (2,)]  # batch 4 hung: the two before it are kept
 
     resumed = rpx("run", str(spec), "--resume", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    search = load(tmp_path / "out.toml").run_stages["batch_search"]
-    assert search.status == "ok"
-    assert search.result.trials[:2] == finished  # continued from them, not measured again
+    final = load(tmp_path / "out.toml")
+    assert final.models == again.models  # every model job was complete
+    search = final.run_stages["batch_search"]
+    assert search.status == "ok" and search.result.trials[:2] == finished  # continued from them
     later = [trial.batch_sizes for trial in search.result.trials[2:]]
     assert later[0] == (4,) and (1,) not in later and (2,) not in later
+    assert final.provenance.finished is not None and final.provenance.created == run.provenance.created
