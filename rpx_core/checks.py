@@ -33,7 +33,10 @@ def validate(path: str | Path, plugins: Any, *, stages: tuple[str, ...] | None =
     if spec is not None:
         plan, plan_problems = plan_with_problems(spec, plugins, where=str(path), stages=stages)
         problems += [line for line in plan_problems if line not in problems]
-        target = output if output is not None else spec.output_path()
+        try:
+            target = output if output is not None else spec.output_path()
+        except (KeyError, IndexError, ValueError):
+            target = None  # a bad output template, already reported
         problems += run_problems(spec, plan, plugins, where=str(path), output=target, spec_path=str(path))
     if problems or plan is None:
         raise SpecError("\n".join(problems) or f"{path}: nothing to run")

@@ -26,6 +26,7 @@ def make_converter() -> cattrs.Converter:
         converter.register_structure_hook_func(lambda t, i=item_type: t == tuple[i, ...], _strict_tuple(item_type, one, many))
     converter.register_structure_hook_func(_is_scalar_union, _structure_scalar_union)
     converter.register_structure_hook(bool, _strict_bool)
+    converter.register_structure_hook(str, _strict_str)
     converter.register_structure_hook(float, _finite_float)
     return converter
 
@@ -34,6 +35,13 @@ def _strict_bool(value: Any, _: type) -> bool:
     """true or false only: ``"false"`` must not silently become True."""
     if not isinstance(value, bool):
         raise TypeError(f"expected true or false, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _strict_str(value: Any, _: type) -> str:
+    """A string only: a number where a name or a path belongs is a mistake, not something to convert."""
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__} {value!r}")
     return value
 
 

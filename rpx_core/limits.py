@@ -27,11 +27,12 @@ def seconds_validator(*, allow_zero: bool = False) -> Any:
 
     def check(_: Any, attribute: attrs.Attribute, value: float) -> None:
         if not math.isfinite(value):
-            raise ValueError(f"must be a finite number of seconds, got {value}")
+            raise ValueError(f"{attribute.name} must be a finite number of seconds, got {value}")
         if value < 0 or (value == 0 and not allow_zero):
-            raise ValueError(f"must be {'>= 0' if allow_zero else '> 0'} seconds, got {value}")
+            raise ValueError(f"{attribute.name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {value:g}")
         if value > MAX_SECONDS:
-            raise ValueError(f"{value} seconds is more than a week ({MAX_SECONDS:.0f} s); is the unit right?")
+            raise ValueError(f"{attribute.name} = {value:g} s is more than a week ({MAX_SECONDS:.0f} s); is the "
+                             "unit right?")
 
     return check
 

@@ -73,15 +73,15 @@ def plan_with_problems(spec: Spec, plugins: Plugins, *, where: str = "<spec>",
         except PluginError as exc:
             problems.append(f"backend: {exc}")
     else:
-        problems.append(f"backend: {spec.backend!r} not recognized{did_you_mean(spec.backend, backends)}; "
-                        f"{choose_one_of(spec.backend, backends)[0].lower()}{choose_one_of(spec.backend, backends)[1:]}")
+        problems.append(f"backend: {spec.backend!r} not recognized{did_you_mean(spec.backend, backends)} "
+                        f"(backends: {', '.join(backends)})")
     problems += scope_problems(order, registry)
     options, option_problems = structure_options(spec, registry, order, where)
     problems += option_problems
     try:
         catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose)
     except RpxError as exc:
-        return None, [f"{where}: {line}" for line in problems] + [str(exc)]
+        return None, [f"{where}: {line}" for line in problems] + [f"{where}: gpu_packs: {exc}"]
     checkable = [name for name in order if registry[name].options is None or name in options]  # options understood
     problems += stage_problems(spec, registry, checkable, options)
     if backend is not None:

@@ -56,7 +56,7 @@ def check_target(path: Path, protected: Iterable[Path] = ()) -> None:
     if not stat.S_ISREG(info.st_mode):
         raise OutputError(f"{path}: is {_kind(info.st_mode)}, not a regular file; rpx writes results only to a "
                           "regular file or a new path")
-    if not os.access(path, os.W_OK):
+    if not info.st_mode & 0o222 or not os.access(path, os.W_OK):  # mode bits too: root may write anything
         raise OutputError(f"{path}: is read-only; rpx does not replace a file it may not write")
 
 

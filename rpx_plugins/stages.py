@@ -113,8 +113,8 @@ def pipeline_names_models(spec: Any, options: BatchSearchOptions) -> Iterable[st
     names = [model.name for model in spec.models]
     for index, name in enumerate(options.pipeline):
         if name not in names:
-            yield (f"options.batch_search.pipeline[{index}]: no model named {name!r}{did_you_mean(name, names)}; "
-                   f"the spec has {', '.join(map(repr, names))}")
+            yield (f"options.batch_search.pipeline[{index}]: no model named {name!r} (the spec has "
+                   f"{', '.join(map(repr, names))}){did_you_mean(name, names)}")
         elif options.pipeline.index(name) != index:
             yield f"options.batch_search.pipeline[{index}]: model {name!r} is already in the pipeline"
 
