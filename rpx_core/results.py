@@ -202,6 +202,8 @@ def loads(text: str, fmt: Literal["toml", "json"] = "toml", *, where: str = "<re
         data = json.loads(text) if fmt == "json" else tomllib.loads(text)
     except ValueError as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
         raise RpxError(f"{where}: not a valid {fmt.upper()} results file: {exc}") from None
+    except RecursionError:
+        raise RpxError(f"{where}: not a valid {fmt.upper()} results file: nested too deeply") from None
     version = data.get("schema_version") if isinstance(data, dict) else None
     if version != SCHEMA_VERSION:
         raise RpxError(f"{where}: results schema_version {version!r} is not supported by this rpx (reads {SCHEMA_VERSION})")
