@@ -26,13 +26,13 @@ def seconds_validator(*, allow_zero: bool = False) -> Any:
     """An attrs validator for a duration in seconds: finite, > 0 (or >= 0), and at most :data:`MAX_SECONDS`."""
 
     def check(_: Any, attribute: attrs.Attribute, value: float) -> None:
+        # (message, attribute): the converter then names the field's key path
         if not math.isfinite(value):
-            raise ValueError(f"{attribute.name} must be a finite number of seconds, got {value}")
+            raise ValueError(f"must be a finite number of seconds, got {value}", attribute)
         if value < 0 or (value == 0 and not allow_zero):
-            raise ValueError(f"{attribute.name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {value:g}")
+            raise ValueError(f"must be {'>= 0' if allow_zero else '> 0'} seconds, got {value:g}", attribute)
         if value > MAX_SECONDS:
-            raise ValueError(f"{attribute.name} = {value:g} s is more than a week ({MAX_SECONDS:.0f} s); is the "
-                             "unit right?")
+            raise ValueError(f"{value:g} s is more than a week ({MAX_SECONDS:.0f} s); is the unit right?", attribute)
 
     return check
 
