@@ -65,7 +65,7 @@ def run_problems(spec: Any, plan: Any, plugins: Any, *, where: str, output: Path
             try:
                 check_target(output, run_inputs(plan, spec_path))
             except OutputError as exc:
-                problems.append(f"output: {exc}")
+                return [f"{where}: {problem}" for problem in problems] + [str(exc)]  # names the output path first
     return [f"{where}: {problem}" for problem in problems]
 
 

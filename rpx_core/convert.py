@@ -156,10 +156,6 @@ def _format_exception(exc: BaseException, type_: Any) -> str:
         value = str(exc).partition(" not in literal ")[0]
         hint = did_you_mean(value, [str(choice) for choice in choices]) if " not in literal " in str(exc) else ""
         return f"expected one of {', '.join(map(repr, choices))}" + (f", got {value!r}{hint}" if hint or value else "")
-    if isinstance(exc, ValueError) and len(exc.args) == 4 and isinstance(exc.args[1], attrs.Attribute):
-        _, attribute, choices, value = exc.args  # attrs' in_ validator: say it plainly, once, with a suggestion
-        hint = did_you_mean(str(value), [str(choice) for choice in choices])
-        return f"expected one of {', '.join(map(repr, choices))}, got {value!r}{hint}{FIELD_MARK}{attribute.name}"
     if isinstance(exc, (ValueError, TypeError)) and exc.args and isinstance(exc.args[0], str):
         if len(exc.args) > 1 and isinstance(exc.args[1], attrs.Attribute):  # an attrs validator: message, attribute
             return f"{exc.args[0]}{FIELD_MARK}{exc.args[1].name}"

@@ -117,7 +117,8 @@ class WorkerExecutor:
     def run(self, task: Task, report: Report) -> None:
         worker = Zygote.shared().start(self.preload)
         try:
-            worker.connection.send((task, self.setup))
+            worker.connection.send(self.setup)
+            worker.connection.send(task)
             _Supervisor(worker, task, report, self.limits).follow()
         finally:
             worker.close()
@@ -303,12 +304,19 @@ class Zygote:
     def start(self, preload: tuple[str, ...]) -> Worker:
         ours, theirs = socket.socketpair()
         stderr_read, stderr_write = os.pipe()
-        with self._lock:
-            socket.send_fds(self.control, [json.dumps({"op": "fork", "preload": list(preload)}).encode()],
-                            [theirs.fileno(), stderr_write])
-            pid = json.loads(self._reply())["pid"]
-        theirs.close()
-        os.close(stderr_write)
+        try:
+            with self._lock:
+                socket.send_fds(self.control, [json.dumps({"op": "fork", "preload": list(preload)}).encode()],
+                                [theirs.fileno(), stderr_write])
+                pid = json.loads(self._reply())["pid"]
+        except BaseException:  # interrupted mid-request: its reply would confuse the next one, so start afresh
+            self.close()
+            ours.close()
+            os.close(stderr_read)
+            raise
+        finally:
+            theirs.close()
+            os.close(stderr_write)
         return Worker(self, pid, Connection(ours.detach()), stderr_read)
 
     def wait(self, pid: int) -> int:
@@ -323,8 +331,11 @@ class Zygote:
         return reply
 
     def close(self) -> None:
+        """End the zygote (it kills any worker still running); the next run starts a new one."""
         self.control.close()
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.process.kill()
+        if Zygote._shared is self:
+            Zygote._shared = None

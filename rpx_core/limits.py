@@ -26,13 +26,13 @@ def seconds_validator(*, allow_zero: bool = False) -> Any:
     """An attrs validator for a duration in seconds: finite, > 0 (or >= 0), and at most :data:`MAX_SECONDS`."""
 
     def check(_: Any, attribute: attrs.Attribute, value: float) -> None:
-        # (message, attribute): the converter then names the field's key path
+        name = attribute.name  # worded like attrs' own validators
         if not math.isfinite(value):
-            raise ValueError(f"must be a finite number of seconds, got {value}", attribute)
+            raise ValueError(f"'{name}' must be a finite number of seconds: {value}")
         if value < 0 or (value == 0 and not allow_zero):
-            raise ValueError(f"must be {'>= 0' if allow_zero else '> 0'} seconds, got {value:g}", attribute)
+            raise ValueError(f"'{name}' must be {'>= 0' if allow_zero else '> 0'}: {value:g}")
         if value > MAX_SECONDS:
-            raise ValueError(f"{value:g} s is more than a week ({MAX_SECONDS:.0f} s); is the unit right?", attribute)
+            raise ValueError(f"'{name}' must be at most a week ({MAX_SECONDS:.0f} s), is the unit right?: {value:g}")
 
     return check
 
@@ -74,6 +74,10 @@ class Deadline:
 
     def expired(self) -> bool:
         return time.monotonic() >= self.at
+
+    def extended(self, seconds: float) -> Deadline:
+        """The same deadline ``seconds`` later (time spent on rpx's own housekeeping is not the budget's)."""
+        return Deadline(self.at + seconds)
 
     def earliest(self, other: Deadline) -> Deadline:
         return self if self.at <= other.at else other

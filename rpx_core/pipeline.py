@@ -12,8 +12,6 @@ import datetime
 import platform
 import shlex
 import sys
-import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -21,19 +19,18 @@ import attrs
 
 from rpx_core.checks import run_inputs
 from rpx_core.context import Job
-from rpx_core.errors import BackendUnavailable, RpxError, UnsupportedError
+from rpx_core.errors import BackendUnavailable, RpxError
 from rpx_core.executor import Executor, InProcessExecutor, WorkerExecutor, setup_for
 from rpx_core.interrupts import signals_raise
 from rpx_core.limits import Execution
 from rpx_core.plan import Plan
-from rpx_core.plugins import Plugins, StageHookError
-from rpx_core.results import ModelResult, Provenance, RunResult, StageRecord, check_result, write
+from rpx_core.plugins import Plugins
+from rpx_core.results import ModelResult, Provenance, RunResult, StageRecord, write
 from rpx_core.resume import Resumed, resume_from
 from rpx_core.safe_write import OutputError, OutputLock
-from rpx_core.stages import Stage
 from rpx_core.summary import summarise
 from rpx_core.version import __version__
-from rpx_core.worker import Finished, Started, Task, plugin_identity
+from rpx_core.worker import Finished, Started, Task, plugin_identity, run_stage
 
 Listener = Callable[[str, str, StageRecord], None]  # (model or "<run>", stage, record) after each stage
 
@@ -191,35 +188,6 @@ def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Executor, r
     task = Task("run", plan.jobs, (name,), kept, plan.spec.choose, plan.gpu_catalog,
                 options=plan.options.get(name), previous=earlier.result if earlier is not None else None)
     executor.run(task, report)
-
-
-def run_stage(stage: Stage, ctx: Any, plugins: Plugins, failed_needs: list[str]) -> StageRecord:
-    """Run one stage through its hook unless something it needs failed; never raise for a stage's own failure.
-
-    The record names the plugin that answered, or the one that was answering when the stage failed."""
-    if failed_needs:
-        return StageRecord("skipped", error=f"needs {', '.join(failed_needs)}, which did not succeed")
-    started = time.perf_counter()
-    provider = None
-    try:
-        try:
-            result, provider = plugins.call_stage(stage, ctx)
-        except StageHookError as exc:
-            provider = exc.plugin
-            raise exc.error from None
-        if provider is None:
-            raise UnsupportedError(f"no installed plugin implements stage {stage.name!r} for backend "
-                                   f"{ctx.backend.name!r} (framework {ctx.backend.framework!r})")
-        check_result(stage.name, stage.result, result)
-    except Exception as exc:
-        return StageRecord(
-            "failed",
-            seconds=round(time.perf_counter() - started, 6),
-            error=f"{type(exc).__name__}: {exc}",
-            traceback="".join(traceback.format_exception(exc)),
-            provided_by=provider,
-        )
-    return StageRecord("ok", seconds=round(time.perf_counter() - started, 6), provided_by=provider, result=result)
 
 
 def _model_result(job: Job, records: dict[str, StageRecord], finished: bool = False) -> ModelResult:

@@ -73,8 +73,7 @@ def plan_with_problems(spec: Spec, plugins: Plugins, *, where: str = "<spec>",
         except PluginError as exc:
             problems.append(f"backend: {exc}")
     else:
-        problems.append(f"backend: {spec.backend!r} not recognized{did_you_mean(spec.backend, backends)} "
-                        f"(backends: {', '.join(backends)})")
+        problems.append(f"backend: {spec.backend!r} not recognized. {choose_one_of(spec.backend, backends)}")
     problems += scope_problems(order, registry)
     options, option_problems = structure_options(spec, registry, order, where)
     problems += option_problems

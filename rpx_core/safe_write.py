@@ -50,7 +50,7 @@ def check_target(path: Path, protected: Iterable[Path] = ()) -> None:
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise OutputError(f"{path}: cannot write results here: {exc.strerror or exc}") from None
+        raise OutputError(f"cannot write results to {path}: {exc.strerror or exc}") from None
     if stat.S_ISLNK(info.st_mode):
         raise OutputError(f"{path}: is a symbolic link; give the path it points to, rpx replaces only regular files")
     if not stat.S_ISREG(info.st_mode):

@@ -27,8 +27,11 @@ from typing import Any, ContextManager, Literal
 import attrs
 
 from rpx_core.context import Job, RunContext, StageContext
+from rpx_core.errors import UnsupportedError
 from rpx_core.interrupts import Interrupted, signal_of
+from rpx_core.plugins import Plugins, StageHookError
 from rpx_core.results import StageRecord, check_result
+from rpx_core.stages import Stage
 
 # -- tasks and events (pure data: they cross process boundaries) -------------------------------------------------------
 
@@ -88,8 +91,6 @@ class StageTimeout(BaseException):
 def execute(task: Task, plugins: Any, report: Report, *, model_objects: dict[str, Any] | None = None,
             guard: Guard | None = None) -> None:
     """Run ``task``'s stages in order, reporting each; on an interruption the stage is reported and it re-raises."""
-    from rpx_core.pipeline import run_stage  # the engine's one way of running a stage's hook
-
     backend = plugins.backend(task.jobs[0].backend, task.choose, require_available=False)
     registry = plugins.stages(task.choose)
     contexts = [
@@ -128,6 +129,35 @@ def execute(task: Task, plugins: Any, report: Report, *, model_objects: dict[str
         for context in contexts:
             context.release()
         gc.collect()
+
+
+def run_stage(stage: Stage, ctx: Any, plugins: Plugins, failed_needs: list[str]) -> StageRecord:
+    """Run one stage through its hook unless something it needs failed; never raise for a stage's own failure.
+
+    The record names the plugin that answered, or the one that was answering when the stage failed."""
+    if failed_needs:
+        return StageRecord("skipped", error=f"needs {', '.join(failed_needs)}, which did not succeed")
+    started = time.perf_counter()
+    provider = None
+    try:
+        try:
+            result, provider = plugins.call_stage(stage, ctx)
+        except StageHookError as exc:
+            provider = exc.plugin
+            raise exc.error from None
+        if provider is None:
+            raise UnsupportedError(f"no installed plugin implements stage {stage.name!r} for backend "
+                                   f"{ctx.backend.name!r} (framework {ctx.backend.framework!r})")
+        check_result(stage.name, stage.result, result)
+    except Exception as exc:
+        return StageRecord(
+            "failed",
+            seconds=round(time.perf_counter() - started, 6),
+            error=f"{type(exc).__name__}: {exc}",
+            traceback="".join(traceback.format_exception(exc)),
+            provided_by=provider,
+        )
+    return StageRecord("ok", seconds=round(time.perf_counter() - started, 6), provided_by=provider, result=result)
 
 
 def interrupted_record(stage: Any, interrupt: BaseException, seconds: float | None) -> StageRecord:
@@ -186,11 +216,11 @@ def _names(identity: tuple[tuple[str, str, str], ...]) -> str:
 
 
 def serve_job(connection: Any) -> None:
-    """A forked worker: receive (task, setup), run it, send each event, then a final ``None``."""
+    """A forked worker: receive the setup, then the task; run it, send each event, then a final ``None``."""
     import faulthandler
 
     faulthandler.enable()  # a segfault in user code leaves the Python stack in the stderr tail
-    task, setup = connection.recv()
+    setup = connection.recv()  # first, so the task's classes (a plugin's options) import from the parent's path
     os.environ.clear()
     os.environ.update(setup.environ)
     sys.path[:] = list(setup.sys_path)
@@ -198,6 +228,7 @@ def serve_job(connection: Any) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _raise_interrupted)
     try:
+        task = connection.recv()
         plugins = load_plugins(setup)
         execute(task, plugins, connection.send)
     except Interrupted:

@@ -26,7 +26,7 @@ class LatencyOptions:
     warmup_seconds: float = attrs.field(default=0.5, validator=seconds_validator(allow_zero=True))
     #: Timed batch-1 calls wanted; 662 is MLPerf's minimum to claim p99 (130 for p95, 64 for p90).
     min_samples: int = attrs.field(default=662, validator=_positive)
-    #: Seconds the whole stage may take: warm-up, sampling and throughput start no call after it (sampling stops
+    #: Seconds the stage may take once the model is built: warm-up, sampling and throughput start no call after it (sampling stops
     #: even if ``min_samples`` is not reached, and the result lists the percentiles it cannot claim; throughput rows
     #: not reached say so). At least one sample is always taken.
     max_seconds: float = attrs.field(default=10.0, validator=seconds_validator())
