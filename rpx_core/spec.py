@@ -205,12 +205,18 @@ def _set_aside(data: dict[str, Any], paths: list[str]) -> dict[str, Any]:
     return data
 
 
+def _key(key: Any) -> str:
+    """A key as a key-path part: as written when printable, else quoted (a path stays on one line)."""
+    text = str(key)
+    return text if text.isprintable() and text else repr(text)
+
+
 def nul_problems(data: Any, path: str = "") -> list[str]:
     """A NUL character is in no valid name, path or import path (and makes the OS refuse a path): say where."""
     if isinstance(data, dict):
         return [line for key, value in data.items() for line in
                 ([f"{path or '<top>'}: key {key!r} contains a NUL character"] if "\0" in str(key) else [])
-                + nul_problems(value, f"{path}.{key}" if path else str(key))]
+                + nul_problems(value, f"{path}.{_key(key)}" if path else _key(key))]
     if isinstance(data, list):
         return [line for index, value in enumerate(data) for line in nul_problems(value, f"{path}[{index}]")]
     if isinstance(data, str) and "\0" in data:
