@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
+
+import attrs
 
 from rpx_core import results as results_io
+from rpx_core.checks import run_problems
+from rpx_core.convert import converter, structure
+from rpx_core.errors import SpecError
+from rpx_core.limits import Execution
 from rpx_core.pipeline import Listener, run_plan
 from rpx_core.plan import make_plan
 from rpx_core.plugins import Plugins
@@ -28,14 +34,24 @@ def run_spec(
     spec_path: str | None = None,
     model_objects: dict[str, Any] | None = None,
     listener: Listener | None = None,
+    execution: Mapping[str, Any] | None = None,
+    resume: bool = False,
 ) -> RunResult:
     """Run a loaded spec. Results are written to ``output`` as they are measured, in ``fmt`` (default: JSON for a
-    .json suffix, else TOML)."""
+    .json suffix, else TOML). ``execution`` overrides keys of the spec's ``[execution]`` table (isolation, timeouts);
+    ``resume`` continues the run already in ``output`` (see rpx_core.resume)."""
     plugins = plugins or Plugins.load()
-    plan = make_plan(spec, plugins, where=spec_path or "<spec>", stages=tuple(stages) if stages else None)
+    if execution:
+        spec = attrs.evolve(spec, execution=structure({**converter.unstructure(spec.execution), **execution}, Execution,
+                                                      where=spec_path or "<spec>", base_path="execution"))
+    where = spec_path or "<spec>"
+    plan = make_plan(spec, plugins, where=where, stages=tuple(stages) if stages is not None else None)
     path = spec.output_path() if output is DEFAULT else (Path(output) if output is not None else None)
+    problems = run_problems(spec, plan, plugins, where=where, output=path, spec_path=spec_path)
+    if problems:
+        raise SpecError("\n".join(problems))
     return run_plan(plan, plugins, output=path, fmt=fmt, spec_path=spec_path, model_objects=model_objects,
-                    listener=listener)
+                    listener=listener, resume=resume)
 
 
 def run(spec_path: str | Path, **kwargs: Any) -> RunResult:

@@ -73,6 +73,9 @@ class Backend:
     precisions: ClassVar[tuple[str, ...]] = ("fp32",)
     #: The model families this backend can run ("torch", "jax", ...): a model factory's object must fit one.
     framework: ClassVar[str] = "torch"
+    #: Modules rpx's worker processes import once, before they are forked, so no job pays for importing them
+    #: (the framework, and what its stages import lazily on first use).
+    worker_preload: ClassVar[tuple[str, ...]] = ()
 
     @functools.cached_property
     def availability(self) -> Availability:
@@ -91,6 +94,11 @@ class Backend:
     def check_device(self, device: str) -> None:
         """Raise BackendUnavailable naming the device and the reason if ``device`` cannot be used (called before any
         model is built)."""
+
+    def device_problem(self, device: str) -> str | None:
+        """Why ``device`` is not a device name of this backend, by its form alone (no runtime is started); None if
+        it may be one. The default cannot tell; backends that know their names say so."""
+        return None
 
     def device_memory_bytes(self, device: str) -> int | None:
         """Total memory of ``device`` in bytes (what a fractional memory budget is a fraction of); None if unknown."""

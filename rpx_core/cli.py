@@ -12,9 +12,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from rpx_core.exit_codes import ExitCode, for_signal
 from rpx_core.version import __version__
 
-EXIT_OK, EXIT_STAGE_FAILED, EXIT_INTERNAL = 0, 1, 3  # bad input exits with RpxError.exit_code, 2
+EXIT_OK, EXIT_STAGE_FAILED, EXIT_INTERNAL = ExitCode.OK, ExitCode.FAILED, ExitCode.INTERNAL  # see rpx_core.exit_codes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-o", "--output", help="results file (default: the spec's `output`)")
     run.add_argument("--format", choices=("toml", "json"), help="results format (default: from the file suffix)")
     run.add_argument("--stages", help="comma-separated stages to run instead of the spec's (dependencies are added)")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the run in the output file: keep every finished job, run the rest")
+    run.add_argument("--isolation", choices=("auto", "worker", "in-process"),
+                     help="run each model job in a worker process (auto, worker) or in rpx's own process (in-process, "
+                          "for debugging); default: the spec's [execution] isolation")
+    run.add_argument("--stage-timeout", type=float, metavar="SECONDS", help="kill and record a stage past this")
+    run.add_argument("--job-timeout", type=float, metavar="SECONDS", help="kill and record a model job past this")
     run.set_defaults(handler=cmd_run)
 
     validate = command("validate", "check a spec without running it")
@@ -76,14 +84,17 @@ def load_plugins(args: argparse.Namespace, *, tolerant: bool = False):
 
 def cmd_run(args: argparse.Namespace) -> int:
     from rpx_core.api import run_spec
-    from rpx_core.spec import load_spec
+    from rpx_core.checks import validate
     from rpx_core.summary import render_run
 
-    spec = load_spec(args.spec)
+    plugins = load_plugins(args)
+    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip()) if args.stages is not None else None
+    spec, _ = validate(args.spec, plugins, stages=stages, output=Path(args.output) if args.output else None)
     output = Path(args.output) if args.output else spec.output_path()
-    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip()) if args.stages else None
-    result = run_spec(spec, output=output, fmt=args.format, stages=stages, plugins=load_plugins(args), spec_path=args.spec,
-                      listener=print_progress)
+    overrides = {key: value for key, value in (("isolation", args.isolation), ("stage_timeout", args.stage_timeout),
+                                               ("job_timeout", args.job_timeout)) if value is not None}
+    result = run_spec(spec, output=output, fmt=args.format, stages=stages, plugins=plugins, spec_path=args.spec,
+                      listener=print_progress, execution=overrides, resume=args.resume)
     print(render_run(result))
     print(f"results: {output}")
     return EXIT_OK if result.ok else EXIT_STAGE_FAILED
@@ -97,12 +108,10 @@ def print_progress(model: str, stage: str, record: Any) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from rpx_core.plan import make_plan
-    from rpx_core.spec import load_spec
+    from rpx_core.checks import validate
 
     plugins = load_plugins(args)
-    spec = load_spec(args.spec)
-    plan = make_plan(spec, plugins, where=args.spec)
+    spec, plan = validate(args.spec, plugins)
     print(f"{args.spec}: ok — {len(plan.jobs)} model(s); stages: {', '.join(plan.stages)}")
     availability = plugins.backend(spec.backend, spec.choose, require_available=False).availability
     if not availability.available:
@@ -193,27 +202,38 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a command; every outcome is one line and a documented exit code (``--debug`` adds the traceback only)."""
     from rpx_core.errors import RpxError
+    from rpx_core.interrupts import signal_of
 
     warnings.showwarning = _one_line_warning
     try:
         return handler(args)
     except RpxError as exc:
-        if args.debug:
-            raise
-        print(f"rpx: error: {exc}", file=sys.stderr)
+        _traceback_if(args.debug)
+        print("\n".join(f"rpx: error: {line}" for line in str(exc).splitlines() or [""]), file=sys.stderr)
         return exc.exit_code
     except BrokenPipeError:  # output piped into `head` and closed early: not an error
         sys.stderr.close()
         return EXIT_OK
-    except KeyboardInterrupt:
-        print("rpx: interrupted; whatever was measured before is in the results file, if one was started", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:  # SIGINT, or SIGTERM (rpx_core.interrupts.Interrupted)
+        _traceback_if(args.debug)
+        code = for_signal(signal_of(interrupt))
+        print(f"rpx: interrupted ({code.name}); what finished is in the results file, if one was started; "
+              "`rpx run --resume` continues", file=sys.stderr)
+        return code
     except Exception as exc:
-        if args.debug:
-            raise
-        print(f"rpx: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
+        _traceback_if(args.debug)
+        hint = "" if args.debug else " (rerun with --debug for the traceback)"
+        print(f"rpx: internal error: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _traceback_if(debug: bool) -> None:
+    if debug:
+        import traceback
+
+        traceback.print_exc()
 
 
 def _one_line_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:

@@ -97,3 +97,6 @@ class RunContext:
     backend: Backend
     plugins: Plugins
     gpu_catalog: GPUCatalog
+    #: The partial result of an interrupted earlier attempt at this stage (``rpx run --resume``), for a stage that
+    #: can continue from it (batch_search keeps its finished trials); None otherwise.
+    previous: Any = None

@@ -6,6 +6,7 @@ the closest valid name.
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from typing import Any, Callable
@@ -24,7 +25,34 @@ def make_converter() -> cattrs.Converter:
     for item_type, one, many in ((int, "an integer", "integers"), (str, "a string", "strings")):
         converter.register_structure_hook_func(lambda t, i=item_type: t == tuple[i, ...], _strict_tuple(item_type, one, many))
     converter.register_structure_hook_func(_is_scalar_union, _structure_scalar_union)
+    converter.register_structure_hook(bool, _strict_bool)
+    converter.register_structure_hook(str, _strict_str)
+    converter.register_structure_hook(float, _finite_float)
     return converter
+
+
+def _strict_bool(value: Any, _: type) -> bool:
+    """true or false only: ``"false"`` must not silently become True."""
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _strict_str(value: Any, _: type) -> str:
+    """A string only: a number where a name or a path belongs is a mistake, not something to convert."""
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _finite_float(value: Any, _: type) -> float:
+    """A number (an integer is taken as one), never a string, a boolean, nan or inf: TOML writes ``inf`` and
+    ``nan``, and a limit of ``inf`` seconds is no limit."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value}")
+    return float(value)
 
 
 def _strict_tuple(item_type: type, one: str, many: str) -> Callable[[Any, type], tuple]:
@@ -57,6 +85,8 @@ def _structure_scalar_union(value: Any, type_: Any) -> Any:
         return None
     if isinstance(value, bool) and bool not in members:
         raise TypeError(f"expected {' or '.join(m.__name__ for m in members)}, got a boolean")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value}")
     if type(value) in members:
         return value
     if isinstance(value, int) and float in members:
@@ -122,7 +152,10 @@ def _format_exception(exc: BaseException, type_: Any) -> str:
     if isinstance(exc, KeyError):
         return "required key is missing"
     if typing.get_origin(type_) is typing.Literal:
-        return f"expected one of {', '.join(map(repr, typing.get_args(type_)))}"
+        choices = typing.get_args(type_)
+        value = str(exc).partition(" not in literal ")[0]
+        hint = did_you_mean(value, [str(choice) for choice in choices]) if " not in literal " in str(exc) else ""
+        return f"expected one of {', '.join(map(repr, choices))}" + (f", got {value!r}{hint}" if hint or value else "")
     if isinstance(exc, (ValueError, TypeError)) and exc.args and isinstance(exc.args[0], str):
         if len(exc.args) > 1 and isinstance(exc.args[1], attrs.Attribute):  # an attrs validator: message, attribute
             return f"{exc.args[0]}{FIELD_MARK}{exc.args[1].name}"

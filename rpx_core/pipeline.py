@@ -1,31 +1,36 @@
 """Running a plan: each model through its stages in order, failures recorded, dependants skipped, results kept.
 
 The results file is rewritten after every stage, so a crash, an interrupt or a failing later stage never loses what
-was already measured. Stage code never sees another model's objects: each job gets its own context, released after it.
+was already measured. Stage code never sees another model's objects: each job gets its own context (in its own
+worker process by default, see rpx_core.executor), released after it. This process only plans, supervises and writes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-import gc
 import platform
 import shlex
 import sys
-import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable, Literal
 
 import attrs
 
-from rpx_core.context import Job, RunContext, StageContext
-from rpx_core.errors import BackendUnavailable, RpxError, UnsupportedError
+from rpx_core.checks import run_inputs
+from rpx_core.context import Job
+from rpx_core.errors import BackendUnavailable, RpxError
+from rpx_core.executor import Executor, InProcessExecutor, WorkerExecutor, setup_for
+from rpx_core.interrupts import signals_raise
+from rpx_core.limits import Execution
 from rpx_core.plan import Plan
-from rpx_core.plugins import Plugins, Registry, StageHookError
-from rpx_core.results import ModelResult, Provenance, RunResult, StageRecord, check_result, write
-from rpx_core.stages import Stage
+from rpx_core.plugins import Plugins
+from rpx_core.results import ModelResult, Provenance, RunResult, StageRecord, write
+from rpx_core.resume import Resumed, resume_from
+from rpx_core.safe_write import OutputError, OutputLock
 from rpx_core.summary import summarise
 from rpx_core.version import __version__
+from rpx_core.worker import Finished, Started, Task, plugin_identity, run_stage
 
 Listener = Callable[[str, str, StageRecord], None]  # (model or "<run>", stage, record) after each stage
 
@@ -35,24 +40,33 @@ def now() -> str:
 
 
 class ResultsFile:
-    """The run's results, rewritten atomically whenever something new is known."""
+    """The run's results, rewritten atomically whenever something new is known, never over an input of the run."""
 
-    def __init__(self, run: RunResult, path: Path | None, fmt: Literal["toml", "json"] | None = None) -> None:
+    def __init__(self, run: RunResult, path: Path | None, fmt: Literal["toml", "json"] | None = None,
+                 protected: tuple[Path, ...] = ()) -> None:
         self.run = run
         self.path = path
         self.fmt = fmt
+        self.protected = protected
 
     def update(self, **changes: Any) -> None:
         self.run = attrs.evolve(self.run, **changes)
         if self.path is not None:
             try:
-                write(self.run, self.path, self.fmt)
+                write(self.run, self.path, self.fmt, self.protected)
+            except OutputError:
+                raise
             except OSError as exc:
-                raise RpxError(f"cannot write results to {self.path}: {exc.strerror or exc}") from None
+                raise OutputError(f"cannot write results to {self.path}: {exc.strerror or exc}") from None
 
     def put_model(self, model: ModelResult) -> None:
-        models = [m for m in self.run.models if m.name != model.name]
-        self.update(models=(*models, model))
+        models = list(self.run.models)
+        index = next((i for i, m in enumerate(models) if m.name == model.name), None)
+        if index is None:
+            models.append(model)
+        else:
+            models[index] = model
+        self.update(models=tuple(models))
 
 
 def run_plan(
@@ -64,106 +78,116 @@ def run_plan(
     spec_path: str | None = None,
     model_objects: dict[str, Any] | None = None,
     listener: Listener | None = None,
+    execution: Execution | None = None,
+    resume: bool = False,
 ) -> RunResult:
-    """Run every job of ``plan``; return (and keep writing to ``output``) the results."""
+    """Run every job of ``plan``; return (and keep writing to ``output``) the results.
+
+    Each job runs through the executor ``execution`` selects (a worker process per job by default); SIGINT and
+    SIGTERM record the running stage as interrupted and raise :class:`rpx_core.interrupts.Interrupted`. With
+    ``resume``, what ``output`` already holds from the same spec, rpx and plugins is kept (see rpx_core.resume)."""
     spec = plan.spec
+    execution = execution or spec.execution
     backend = plugins.backend(spec.backend, spec.choose, require_available=False)
-    registry = plugins.stages(spec.choose)
     available = backend.availability
     reason = f"backend {backend.name!r} is not available on this machine: {available.reason}"
     if not available.available and spec.on_unavailable == "error":
         raise BackendUnavailable(reason)
-    results = ResultsFile(RunResult(provenance=provenance(plan, plugins, spec_path)), output, fmt)
-    results.update()  # the file exists (and its folder is writable) before anything is measured
-    if not available.available:
+    lock = OutputLock(output) if output is not None else contextlib.nullcontext()
+    with lock, signals_raise():
+        record = provenance(plan, plugins, spec_path)
+        result_types = {name: stage.result for name, stage in plugins.stages(spec.choose).unambiguous().items()}
+        previous = resume_from(output, record.spec_hash, record.rpx_version, plugin_identity(plugins),
+                               result_types) if resume and output is not None else None
+        start = attrs.evolve(previous.run, provenance=attrs.evolve(previous.run.provenance, finished=None,
+                                                                   command=record.command)) if previous else RunResult(provenance=record)
+        results = ResultsFile(start, output, fmt, run_inputs(plan, spec_path))
+        results.update()  # the file exists (and its folder is writable) before anything is measured
+        if not available.available:
+            for job in plan.jobs:
+                skipped = {name: StageRecord("skipped", error=reason) for name in job.stages}
+                results.put_model(_model_result(job, skipped, finished=True))
+            run_skipped = {name: StageRecord("skipped", error=reason) for name in plan.run_stages}
+            results.update(run_stages=run_skipped, provenance=attrs.evolve(results.run.provenance, finished=now()))
+            return results.run
+
+        backend.check_device(plan.jobs[0].device)
+        executor = make_executor(plugins, execution, model_objects, backend.worker_preload)
         for job in plan.jobs:
-            skipped = {name: StageRecord("skipped", error=reason) for name in job.stages}
-            results.put_model(_model_result(job, skipped, finished=True))
-        run_skipped = {name: StageRecord("skipped", error=reason) for name in plan.run_stages}
-        results.update(run_stages=run_skipped, provenance=attrs.evolve(results.run.provenance, finished=now()))
+            run_job(job, plan, plugins, executor, results, listener, previous)
+        for name in plan.run_stages:
+            run_run_stage(name, plan, plugins, executor, results, listener, previous)
+        results.update(provenance=attrs.evolve(results.run.provenance, finished=now()))
         return results.run
 
-    backend.check_device(plan.jobs[0].device)
-    catalog = plan.gpu_catalog
-    contexts = []
-    for job in plan.jobs:
-        ctx = StageContext(job, backend, plugins, catalog, model_object=(model_objects or {}).get(job.model.name))
-        run_job(ctx, registry, results, listener)
-        contexts.append(ctx)
-    for name in plan.run_stages:
-        run_ctx = RunContext(contexts, plan.options.get(name), backend, plugins, catalog)
-        every_model = [record for model in results.run.models for record in model.stages.items()]
-        failed = sorted({need for need, record in every_model if need in registry[name].needs and record.status != "ok"})
-        record = run_stage(registry[name], run_ctx, plugins, failed)
-        results.update(run_stages={**results.run.run_stages, name: record})
-        if listener:
-            listener("<run>", name, record)
-    results.update(provenance=attrs.evolve(results.run.provenance, finished=now()))
-    return results.run
+
+def make_executor(plugins: Plugins, execution: Execution, model_objects: dict[str, Any] | None,
+                  preload: tuple[str, ...] = ()) -> Executor:
+    """``auto``: a worker process per job, unless the run holds live objects (models or plugins given to the Python
+    API), which only rpx's own process has."""
+    live = bool(model_objects) or any(info.distribution == "<runtime>" for info in plugins.infos())
+    isolation = execution.isolation if execution.isolation != "auto" else ("in-process" if live else "worker")
+    if isolation == "in-process":
+        return InProcessExecutor(plugins, execution, model_objects)
+    if model_objects:
+        raise RpxError('a live model object cannot be sent to a worker process; use isolation "in-process"')
+    return WorkerExecutor(setup_for(plugins), execution, preload)
 
 
-def run_job(ctx: StageContext, registry: Registry[Stage], results: ResultsFile, listener: Listener | None) -> ModelResult:
-    """Run one model's stages in order; each outcome is recorded and written before the next stage starts."""
-    job = ctx.job
-    records: dict[str, StageRecord] = {}
+def run_job(job: Job, plan: Plan, plugins: Plugins, executor: Executor, results: ResultsFile,
+            listener: Listener | None, previous: Resumed | None) -> ModelResult:
+    """Run one model's stages; each outcome is recorded and written as soon as it is known."""
+    done = previous.finished_model(job.model.name) if previous else None
+    if done is not None:
+        results.put_model(done)
+        return done
+    records = previous.kept_stages(job.model.name) if previous else {}
+    kept = dict(records)
     model = _model_result(job, records)
-    completed = False
-    try:
-        for name in job.stages:
-            stage = registry[name]
-            try:
-                record = run_stage(stage, ctx, ctx.plugins, _failed_needs(stage, records))
-            except BaseException:  # Ctrl-C or exit mid-stage: say so in the file, then let it propagate
-                model = attrs.evolve(model, stages={**records, name: StageRecord("failed", error="interrupted")})
-                raise
-            records[name] = record
-            if record.status == "ok":
-                ctx.results[name] = record.result
-            model = attrs.evolve(model, stages=dict(records), summary=summarise(records, registry))
+    results.put_model(model)
+
+    def report(event: Started | Finished) -> None:
+        nonlocal model
+        if isinstance(event, Finished):
+            records[event.stage] = event.record
+            ordered = {name: records[name] for name in job.stages if name in records}
+            model = attrs.evolve(model, stages=ordered, summary=summarise(ordered, plugins.stages(plan.spec.choose)))
             results.put_model(model)
             if listener:
-                listener(job.model.name, name, record)
-        completed = True
-    finally:
-        if completed:
-            model = attrs.evolve(model, finished=now())
-        results.put_model(model)
-        ctx.release()  # free the model and inputs before the next job
-        gc.collect()
+                listener(job.model.name, event.stage, event.record)
+
+    todo = tuple(name for name in job.stages if name not in kept)
+    if todo:
+        executor.run(Task("model", (job,), todo, (kept,), plan.spec.choose, plan.gpu_catalog), report)
+    model = attrs.evolve(model, finished=now())
+    results.put_model(model)
     return model
 
 
-def run_stage(stage: Stage, ctx: Any, plugins: Plugins, failed_needs: list[str]) -> StageRecord:
-    """Run one stage through its hook unless something it needs failed; never raise for a stage's own failure.
+def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Executor, results: ResultsFile,
+                  listener: Listener | None, previous: Resumed | None) -> None:
+    """Run a run-scoped stage over every model's job, unless something it needs failed for a model."""
+    earlier = previous.run_stage(name) if previous else None
+    if earlier is not None and earlier.status != "interrupted":
+        results.update(run_stages={**results.run.run_stages, name: earlier})
+        return
+    stage = plugins.stages(plan.spec.choose)[name]
+    every_model = [record for model in results.run.models for record in model.stages.items()]
+    failed = sorted({need for need, record in every_model if need in stage.needs and record.status != "ok"})
 
-    The record names the plugin that answered, or the one that was answering when the stage failed."""
-    if failed_needs:
-        return StageRecord("skipped", error=f"needs {', '.join(failed_needs)}, which did not succeed")
-    started = time.perf_counter()
-    provider = None
-    try:
-        try:
-            result, provider = plugins.call_stage(stage, ctx)
-        except StageHookError as exc:
-            provider = exc.plugin
-            raise exc.error from None
-        if provider is None:
-            raise UnsupportedError(f"no installed plugin implements stage {stage.name!r} for backend "
-                                   f"{ctx.backend.name!r} (framework {ctx.backend.framework!r})")
-        check_result(stage.name, stage.result, result)
-    except Exception as exc:
-        return StageRecord(
-            "failed",
-            seconds=round(time.perf_counter() - started, 6),
-            error=f"{type(exc).__name__}: {exc}",
-            traceback="".join(traceback.format_exception(exc)),
-            provided_by=provider,
-        )
-    return StageRecord("ok", seconds=round(time.perf_counter() - started, 6), provided_by=provider, result=result)
+    def report(event: Started | Finished) -> None:
+        if isinstance(event, Finished):
+            results.update(run_stages={**results.run.run_stages, name: event.record})
+            if listener:
+                listener("<run>", name, event.record)
 
-
-def _failed_needs(stage: Stage, records: dict[str, StageRecord]) -> list[str]:
-    return [need for need in stage.needs if need in records and records[need].status != "ok"]
+    if failed:
+        report(Finished(name, run_stage(stage, None, plugins, failed)))
+        return
+    kept = tuple(results.run.model(job.model.name).stages for job in plan.jobs)
+    task = Task("run", plan.jobs, (name,), kept, plan.spec.choose, plan.gpu_catalog,
+                options=plan.options.get(name), previous=earlier.result if earlier is not None else None)
+    executor.run(task, report)
 
 
 def _model_result(job: Job, records: dict[str, StageRecord], finished: bool = False) -> ModelResult:

@@ -34,27 +34,61 @@ class Plan:
 
 
 def make_plan(spec: Spec, plugins: Plugins, *, where: str = "<spec>", stages: tuple[str, ...] | None = None) -> Plan:
-    """Resolve stage dependencies, check options, backend, precision and GPU names, and describe each model's job."""
+    """Resolve stage dependencies, check options, backend, precision and GPU names, and describe each model's job;
+    every problem found is reported at once (one SpecError, one line each)."""
+    plan, problems = plan_with_problems(spec, plugins, where=where, stages=stages)
+    if problems or plan is None:
+        raise SpecError("\n".join(problems))
+    return plan
+
+
+def plan_with_problems(spec: Spec, plugins: Plugins, *, where: str = "<spec>",
+                       stages: tuple[str, ...] | None = None) -> tuple[Plan | None, list[str]]:
+    """The plan and every problem ``rpx validate`` reports for it (``file: key.path: problem`` lines); the plan is
+    None when a problem leaves nothing to plan."""
     registry = plugins.stages(spec.choose)
-    try:
-        order = resolve_order(stages or spec.stages, registry)
-    except RpxError as exc:
-        raise SpecError(f"{where}: stages: {exc}") from None
     backends = plugins.backends(spec.choose)
-    check_choices(spec, registry, backends, where)
-    if spec.backend not in backends:
-        raise SpecError(f"{where}: backend: {spec.backend!r} not recognized. {choose_one_of(spec.backend, backends)}")
+    problems: list[str] = []
+    requested = spec.stages if stages is None else stages
+    key = "stages" if stages is None else "--stages"
+    if stages is not None and not stages:
+        problems.append(f"{key}: no stage given")
+    known = []
+    for index, name in enumerate(requested):
+        if name in registry:
+            known.append(name)
+        else:
+            at = f"{key}[{index}]" if stages is None else key
+            problems.append(f"{at}: unknown stage {name!r}{did_you_mean(name, registry)} (stages: {', '.join(registry)})")
     try:
-        backend = backends[spec.backend]
-    except PluginError as exc:
-        raise SpecError(f"{where}: backend: {exc}") from None
-    check_scopes(order, registry, where)
-    options = structure_options(spec, registry, order, where)
-    catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose)
-    problems = [*stage_problems(spec, registry, order, options), *precision_problems(spec, backend, registry, order, options)]
+        order = resolve_order(known, registry)
+    except RpxError as exc:
+        problems.append(f"{key}: {exc}")
+        order = []
+    problems += choice_problems(spec, registry, backends)
+    backend = None
+    if spec.backend in backends:
+        try:
+            backend = backends[spec.backend]
+        except PluginError as exc:
+            problems.append(f"backend: {exc}")
+    else:
+        problems.append(f"backend: {spec.backend!r} not recognized. {choose_one_of(spec.backend, backends)}")
+    problems += scope_problems(order, registry)
+    options, option_problems = structure_options(spec, registry, order, where)
+    problems += option_problems
+    try:
+        catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose)
+    except RpxError as exc:
+        return None, [f"{where}: {line}" for line in problems] + [f"{where}: gpu_packs: {exc}"]
+    checkable = [name for name in order if registry[name].options is None or name in options]  # options understood
+    problems += stage_problems(spec, registry, checkable, options)
+    if backend is not None:
+        problems += precision_problems(spec, backend, registry, checkable, options)
     problems += gpu_problems(spec, catalog)
-    if problems:
-        raise SpecError("\n".join(f"{where}: {problem}" for problem in problems))
+    problems = [problem if problem.startswith(f"{where}: ") else f"{where}: {problem}" for problem in problems]
+    if backend is None or not order:
+        return None, problems
     device = spec.device or backend.default_device()
     model_stages = tuple(name for name in order if registry[name].scope == "model")
     jobs = tuple(
@@ -71,29 +105,34 @@ def make_plan(spec: Spec, plugins: Plugins, *, where: str = "<spec>", stages: tu
         for model in spec.models
     )
     run_stages = tuple(name for name in order if registry[name].scope == "run")
-    return Plan(spec, tuple(order), run_stages, jobs, options, catalog, where)
+    return Plan(spec, tuple(order), run_stages, jobs, options, catalog, where), problems
 
 
-def check_choices(spec: Spec, stages: Registry[Stage], backends: Registry[Backend], where: str) -> None:
+def choice_problems(spec: Spec, stages: Registry[Stage], backends: Registry[Backend]) -> list[str]:
     """Every ``[choose]`` entry must name a registered name and a plugin that registers it."""
+    problems = []
     for kind, registry, chosen in (("backends", backends, spec.choose.backends), ("stages", stages, spec.choose.stages)):
         for name in chosen:
             if name not in registry:
-                raise SpecError(f"{where}: choose.{kind}.{name}: no plugin registers {registry.kind} {name!r}"
+                problems.append(f"choose.{kind}.{name}: no plugin registers {registry.kind} {name!r}"
                                 f"{did_you_mean(name, registry)}")
+                continue
             try:
                 registry.entry(name)
             except PluginError as exc:
-                raise SpecError(f"{where}: {exc}") from None
+                problems.append(str(exc))
+    return problems
 
 
-def check_scopes(order: list[str], registry: Registry[Stage], where: str) -> None:
+def scope_problems(order: list[str], registry: Registry[Stage]) -> list[str]:
     """A per-model stage runs before the run-scoped ones, so it cannot need one."""
+    problems = []
     for name in order:
         stage = registry[name]
         wrong = [need for need in stage.needs if stage.scope == "model" and registry[need].scope == "run"]
         if wrong:
-            raise SpecError(f"{where}: stages: per-model stage {name!r} needs run-scoped stage {wrong[0]!r}, which runs after it")
+            problems.append(f"stages: per-model stage {name!r} needs run-scoped stage {wrong[0]!r}, which runs after it")
+    return problems
 
 
 def stage_problems(spec: Spec, registry: Registry[Stage], order: list[str], options: dict[str, Any]) -> list[str]:
@@ -114,21 +153,27 @@ def precision_problems(spec: Spec, backend: Backend, registry: Registry[Stage], 
             f"drop {', '.join(map(repr, executing))}"]
 
 
-def structure_options(spec: Spec, registry: Registry[Stage], order: list[str], where: str) -> dict[str, Any]:
-    """The options of each stage that runs or that the spec configures, as its options class (defaults when absent)."""
+def structure_options(spec: Spec, registry: Registry[Stage], order: list[str],
+                      where: str) -> tuple[dict[str, Any], list[str]]:
+    """The options of each stage that runs or that the spec configures, as its options class (defaults when absent),
+    and every problem with them."""
+    problems = []
     for name in spec.options:
         if name not in registry:
             hint = did_you_mean(name, registry) or f"; stages: {', '.join(sorted(registry))}"
-            raise SpecError(f"{where}: options.{name}: unknown stage {name!r}{hint}")
+            problems.append(f"options.{name}: unknown stage {name!r}{hint}")
     options: dict[str, Any] = {}
-    for name in dict.fromkeys([*order, *spec.options]):
+    for name in dict.fromkeys([*order, *(name for name in spec.options if name in registry)]):
         stage, table = registry[name], spec.options.get(name, {})
         if stage.options is None:
             if table:
-                raise SpecError(f"{where}: options.{name}: stage {name!r} takes no options")
+                problems.append(f"options.{name}: stage {name!r} takes no options")
             continue
-        options[name] = structure(table, stage.options, where=where, base_path=f"options.{name}")
-    return options
+        try:
+            options[name] = structure(table, stage.options, where=where, base_path=f"options.{name}")
+        except SpecError as exc:
+            problems.extend(str(exc).splitlines())
+    return options, problems
 
 
 def gpu_problems(spec: Spec, catalog: GPUCatalog) -> list[str]:

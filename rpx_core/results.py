@@ -7,9 +7,8 @@ result reloads as the type its declaration names (``Stage.result``); a stage no 
 from __future__ import annotations
 
 import json
-import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,10 +16,13 @@ import attrs
 
 from rpx_core.convert import converter, describe_errors
 from rpx_core.errors import RpxError
+from rpx_core.safe_write import atomic_write
 
 SCHEMA_VERSION = 1
 
-Status = Literal["ok", "failed", "skipped"]
+#: "interrupted": stopped by SIGINT/SIGTERM (``result`` holds what it finished, if the stage handed it back);
+#: ``rpx run --resume`` runs it again.
+Status = Literal["ok", "failed", "skipped", "interrupted"]
 
 
 @attrs.frozen
@@ -33,6 +35,7 @@ class StageRecord:
     traceback: str | None = None  # the failure's traceback, for bug reports
     provided_by: str | None = None  # the plugin whose hook implementation produced the result
     result: Any = None
+    stderr_tail: str | None = None  # the last output of a worker that crashed, timed out or exited in this stage
 
 
 StageRecords = dict[str, StageRecord]
@@ -183,14 +186,9 @@ def dumps(run: RunResult, fmt: Literal["toml", "json"] = "toml") -> str:
     return tomli_w.dumps(data)
 
 
-def write(run: RunResult, path: Path, fmt: Literal["toml", "json"] | None = None) -> Path:
-    """Write atomically (temp file + rename) so a crash mid-write never leaves a truncated results file."""
-    fmt = fmt or format_for(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(dumps(run, fmt))
-    os.replace(tmp, path)
-    return path
+def write(run: RunResult, path: Path, fmt: Literal["toml", "json"] | None = None, protected: Iterable[Path] = ()) -> Path:
+    """Write atomically to a regular file or a new path that is none of ``protected`` (see rpx_core.safe_write)."""
+    return atomic_write(path, dumps(run, fmt or format_for(path)), protected)
 
 
 def format_for(path: Path) -> Literal["toml", "json"]:
@@ -204,6 +202,8 @@ def loads(text: str, fmt: Literal["toml", "json"] = "toml", *, where: str = "<re
         data = json.loads(text) if fmt == "json" else tomllib.loads(text)
     except ValueError as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
         raise RpxError(f"{where}: not a valid {fmt.upper()} results file: {exc}") from None
+    except RecursionError:
+        raise RpxError(f"{where}: not a valid {fmt.upper()} results file: nested too deeply") from None
     version = data.get("schema_version") if isinstance(data, dict) else None
     if version != SCHEMA_VERSION:
         raise RpxError(f"{where}: results schema_version {version!r} is not supported by this rpx (reads {SCHEMA_VERSION})")
@@ -224,4 +224,10 @@ def load(path: str | Path, result_types: Mapping[str, type | None] | None = None
         raise RpxError(f"{path}: no such results file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise RpxError(f"{path}: cannot read the results file: {exc}") from None
-    return loads(text, format_for(path), where=str(path), result_types=result_types)
+    return loads(text, sniff_format(text, path), where=str(path), result_types=result_types)
+
+
+def sniff_format(text: str, path: Path) -> Literal["toml", "json"]:
+    """JSON if the text is a JSON object (``rpx run --format json -o x.toml`` writes one), else by suffix: a TOML
+    document cannot start with ``{``."""
+    return "json" if text.lstrip().startswith("{") else format_for(path)

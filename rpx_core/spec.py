@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -16,7 +17,9 @@ import attrs
 
 from rpx_core.convert import converter, structure
 from rpx_core.errors import SpecError
+from rpx_core.limits import Execution
 from rpx_core.precision import PrecisionName
+from rpx_core.safe_write import path_safe
 
 SCHEMA_VERSION = 1
 DEFAULT_STAGES = ("count_params", "count_flops", "estimate_traffic", "system_card")
@@ -25,8 +28,8 @@ FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
 def _non_negative_dims(_: Any, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:
-    if any(dim < 0 for dim in value):
-        raise ValueError(f"dimensions must be >= 0, got {list(value)}")
+    if any(dim < 1 for dim in value):
+        raise ValueError(f"every dimension must be >= 1 (a tensor with a zero dimension runs no work), got {list(value)}")
 
 
 @attrs.frozen
@@ -103,11 +106,13 @@ class Spec:
     options: dict[str, dict[str, Any]] = attrs.Factory(dict)  # per-stage options, checked against the stage's options
     choose: Choices = attrs.Factory(Choices)
     on_unavailable: Literal["error", "skip"] = "error"  # what to do when the backend is not available here
+    execution: Execution = attrs.Factory(Execution)  # worker processes and time limits (rpx_core.limits)
     schema: int = SCHEMA_VERSION
     base_dir: str = "."  # set by load_spec; not read from the file
 
     def output_path(self) -> Path:
-        return Path(self.output.format(name=self.name))
+        """The results file; the spec's name enters it as one safe path component (``../x`` stays inside)."""
+        return Path(self.output.format(name=path_safe(self.name)))
 
     def to_data(self) -> dict[str, Any]:
         """The spec as plain data, as rpx understood it (defaults filled in), without where it was read from."""
@@ -123,28 +128,107 @@ class Spec:
 def load_spec(path: str | Path) -> Spec:
     """Read and validate a spec file; raise SpecError with ``file: key.path: problem`` lines."""
     path = Path(path)
+    return spec_from_dict(read_spec_data(path), where=str(path), base_dir=str(path.parent), default_name=path.stem)
+
+
+def read_spec_data(path: Path) -> dict[str, Any]:
+    """The spec file's TOML document; SpecError (one line) when it cannot be read or parsed."""
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise SpecError(f"{path}: no such spec file") from None
+    except IsADirectoryError:
+        raise SpecError(f"{path}: is a folder, not a spec file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path}: cannot read the spec: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML: {exc}") from None
-    return spec_from_dict(data, where=str(path), base_dir=str(path.parent), default_name=path.stem)
+    except RecursionError:
+        raise SpecError(f"{path}: not valid TOML: nested too deeply") from None
 
 
 def spec_from_dict(data: dict[str, Any], *, where: str = "<spec>", base_dir: str = ".", default_name: str = "rpx") -> Spec:
-    if "base_dir" in data:
-        raise SpecError(f"{where}: base_dir: unknown key 'base_dir' (it is set from the spec's location)")
-    data = {"name": default_name, **data, "base_dir": base_dir}
-    spec: Spec = structure(data, Spec, where=where)
-    _check_semantics(spec, where)
+    spec, problems = structure_spec(data, where=where, base_dir=base_dir, default_name=default_name)
+    if problems:
+        raise SpecError("\n".join(problems))
+    assert spec is not None
     return spec
 
 
-def _check_semantics(spec: Spec, where: str) -> None:
+def structure_spec(data: dict[str, Any], *, where: str = "<spec>", base_dir: str = ".",
+                   default_name: str = "rpx") -> tuple[Spec | None, list[str]]:
+    """The spec and every problem found in it, as ``file: key.path: problem`` lines. A key whose value is wrong is
+    reported, then set aside (a model with an error is dropped) so the rest is still checked: one run of
+    ``rpx validate`` lists every mistake. The spec is None only when nothing could be made of it."""
+    problems = [f"{where}: {line}" for line in nul_problems(data)]
+    if "base_dir" in data:
+        problems.append(f"{where}: base_dir: unknown key 'base_dir' (it is set from the spec's location)")
+    data = {"name": default_name, **{key: value for key, value in data.items() if key != "base_dir"},
+            "base_dir": base_dir}
+    spec = None
+    for _ in range(3):  # each round sets aside what the last one found wrong
+        try:
+            spec = structure(data, Spec, where=where)
+            break
+        except SpecError as exc:
+            lines = str(exc).splitlines()
+            problems.extend(line for line in lines if line not in problems)
+            data = _set_aside(data, [line.removeprefix(f"{where}: ") for line in lines])
+    if spec is None:
+        return None, problems
+    semantic = _check_semantics(spec, where)
+    if any(line.startswith(f"{where}: models") for line in problems):  # models set aside: "no models" says nothing new
+        semantic = [line for line in semantic if not line.endswith("at least one [[models]] entry is required")]
+    return spec, problems + semantic
+
+
+def _set_aside(data: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """``data`` without the values at ``paths``' first keys (for ``models[i]...``: without model i)."""
+    data = dict(data)
+    bad_models = set()
+    for line in paths:
+        path, _, rest = line.partition(": ")
+        top = path.partition(".")[0]
+        key, _, index = top.partition("[")
+        if key == "models" and index.rstrip("]").isdigit():
+            bad_models.add(int(index.rstrip("]")))
+        elif key in data and key not in ("base_dir", "name"):
+            del data[key]
+        elif key == "<top>":
+            for unknown in re.findall(r"unknown key '([^']*)'", rest or path):
+                data.pop(unknown, None)
+    if bad_models and isinstance(data.get("models"), list):
+        data["models"] = [model for index, model in enumerate(data["models"]) if index not in bad_models]
+    elif any(path.startswith("models") for path in paths):
+        data.pop("models", None)
+        data["models"] = []
+    return data
+
+
+def _key(key: Any) -> str:
+    """A key as a key-path part: as written when printable, else quoted (a path stays on one line)."""
+    text = str(key)
+    return text if text.isprintable() and text else repr(text)
+
+
+def nul_problems(data: Any, path: str = "") -> list[str]:
+    """A NUL character is in no valid name, path or import path (and makes the OS refuse a path): say where."""
+    if isinstance(data, dict):
+        return [line for key, value in data.items() for line in
+                ([f"{path or '<top>'}: key {key!r} contains a NUL character"] if "\0" in str(key) else [])
+                + nul_problems(value, f"{path}.{_key(key)}" if path else _key(key))]
+    if isinstance(data, list):
+        return [line for index, value in enumerate(data) for line in nul_problems(value, f"{path}[{index}]")]
+    if isinstance(data, str) and "\0" in data:
+        return [f"{path}: contains a NUL character"]
+    return []
+
+
+def _check_semantics(spec: Spec, where: str) -> list[str]:
     problems: list[str] = []
+    if not spec.stages:
+        problems.append("stages: at least one stage is required (names from `rpx plugins`; omit the key for the "
+                        f"default: {', '.join(DEFAULT_STAGES)})")
     if spec.schema != SCHEMA_VERSION:
         problems.append(f"schema: this rpx reads schema {SCHEMA_VERSION}, the spec says {spec.schema}")
     if not spec.models:
@@ -166,5 +250,9 @@ def _check_semantics(spec: Spec, where: str) -> None:
         problems.append(f"output: {spec.output!r} is not a valid template (only {{name}} is filled in): {exc!r}")
     if any(size < 1 for size in spec.batch_sizes):
         problems.append("batch_sizes: every batch size must be >= 1")
-    if problems:
-        raise SpecError("\n".join(f"{where}: {problem}" for problem in problems))
+    if not spec.batch_sizes:
+        problems.append("batch_sizes: at least one batch size is required")
+    if spec.execution.stage_timeout > spec.execution.job_timeout:
+        problems.append(f"execution.stage_timeout: {spec.execution.stage_timeout:g} s is longer than the job_timeout "
+                        f"({spec.execution.job_timeout:g} s) that bounds all of a job's stages")
+    return [f"{where}: {problem}" for problem in problems]

@@ -19,6 +19,7 @@ from rpx_core import stats
 from rpx_core.backends import Backend, Timer
 from rpx_core.context import StageContext
 from rpx_core.hookspecs import hookimpl
+from rpx_core.limits import Deadline
 from rpx_core.types.latency import LatencyOptions, LatencyResult, ThroughputResult
 from rpx_plugins.measurement import gc_paused
 
@@ -42,12 +43,14 @@ def model_call(backend: Backend, model: Any, args: tuple[Any, ...], kwargs: dict
     return functools.partial(backend.call_model, model, args, kwargs)
 
 
-def warm_up(call: Callable[[], Any], synchronize: Callable[[], None], calls: int, seconds: float) -> WarmUp:
-    """Call until both ``calls`` calls were made and ``seconds`` passed, synchronising after each call."""
+def warm_up(call: Callable[[], Any], synchronize: Callable[[], None], calls: int, seconds: float,
+            deadline: Deadline = Deadline()) -> WarmUp:
+    """Call until both ``calls`` calls were made and ``seconds`` passed, synchronising after each call; no call
+    starts once ``deadline`` passed."""
     clock = time.perf_counter
     durations: list[float] = []
     started = clock()
-    while len(durations) < calls or clock() - started < seconds:
+    while (len(durations) < calls or clock() - started < seconds) and not deadline.expired():
         begin = clock()
         call()
         synchronize()
@@ -56,14 +59,16 @@ def warm_up(call: Callable[[], Any], synchronize: Callable[[], None], calls: int
     return WarmUp(len(durations), clock() - started, median)
 
 
-def sample_calls(call: Callable[[], Any], timer: Timer, min_samples: int, max_seconds: float) -> Sampling:
-    """Time single calls until ``min_samples`` are taken or ``max_seconds`` passed (at least one is always taken)."""
+def sample_calls(call: Callable[[], Any], timer: Timer, min_samples: int, max_seconds: float,
+                 deadline: Deadline = Deadline()) -> Sampling:
+    """Time single calls until ``min_samples`` are taken, or ``max_seconds`` or the stage's ``deadline`` passed (at
+    least one is always taken)."""
     clock = time.perf_counter
     start, stop = timer.start, timer.stop
     samples: list[float] = []
     append = samples.append
     began = clock()
-    deadline = began + max_seconds
+    deadline_at = min(began + max_seconds, began + deadline.remaining())
     while True:
         start()
         call()
@@ -71,7 +76,7 @@ def sample_calls(call: Callable[[], Any], timer: Timer, min_samples: int, max_se
         if len(samples) >= min_samples:
             stopped_by = "min_samples"
             break
-        if clock() >= deadline:
+        if clock() >= deadline_at:
             stopped_by = "max_seconds"
             break
     return Sampling(tuple(samples), clock() - began, stopped_by)
@@ -92,7 +97,8 @@ def throughput_calls(options: LatencyOptions, median_call_seconds: float | None)
     return max(options.throughput_min_calls, round(options.throughput_seconds / median_call_seconds))
 
 
-def measure_throughput(ctx: StageContext, batch_size: int, options: LatencyOptions, timer: Timer) -> ThroughputResult:
+def measure_throughput(ctx: StageContext, batch_size: int, options: LatencyOptions, timer: Timer,
+                       deadline: Deadline = Deadline()) -> ThroughputResult:
     """Warm up at ``batch_size``, then time back-to-back calls: samples/s = calls * batch_size / seconds.
 
     The inputs are made here and die with this frame, not cached in ``ctx`` (``ctx.inputs`` would keep every batch
@@ -100,8 +106,10 @@ def measure_throughput(ctx: StageContext, batch_size: int, options: LatencyOptio
     backend, job = ctx.backend, ctx.job
     device = job.device
     call = model_call(backend, ctx.model(), *backend.make_inputs(job.model, batch_size, job.precision, device))
-    warm = warm_up(call, lambda: backend.synchronize(device), options.warmup_calls, options.warmup_seconds)
+    warm = warm_up(call, lambda: backend.synchronize(device), options.warmup_calls, options.warmup_seconds, deadline)
     calls = throughput_calls(options, warm.median_call_seconds)
+    if warm.median_call_seconds:  # no more calls than fit before the stage's deadline (at least one)
+        calls = max(1, min(calls, int(deadline.remaining() / warm.median_call_seconds)))
     backend.reset_peak_memory(device)
     with gc_paused():
         seconds = time_calls(call, timer, calls)
@@ -109,16 +117,22 @@ def measure_throughput(ctx: StageContext, batch_size: int, options: LatencyOptio
     return ThroughputResult(batch_size, calls, seconds, calls * batch_size / seconds, peak)
 
 
-def measure_all_throughput(ctx: StageContext, options: LatencyOptions, timer: Timer) -> tuple[ThroughputResult, ...]:
-    """Throughput at each of the job's batch sizes; one that runs out of memory is recorded, and larger ones skipped."""
+def measure_all_throughput(ctx: StageContext, options: LatencyOptions, timer: Timer,
+                           deadline: Deadline = Deadline()) -> tuple[ThroughputResult, ...]:
+    """Throughput at each of the job's batch sizes; one that runs out of memory is recorded, and larger ones skipped;
+    none is started after ``deadline``."""
     results: list[ThroughputResult] = []
     smallest_failed: int | None = None
     for batch_size in ctx.job.batch_sizes:
+        if deadline.expired():
+            results.append(ThroughputResult(batch_size, error=f"not measured: measure_latency's max_seconds "
+                                            f"({options.max_seconds:g} s) was reached"))
+            continue
         if smallest_failed is not None and batch_size >= smallest_failed:
             results.append(ThroughputResult(batch_size, error=f"not tried: batch size {smallest_failed} ran out of memory"))
             continue
         try:
-            results.append(measure_throughput(ctx, batch_size, options, timer))
+            results.append(measure_throughput(ctx, batch_size, options, timer, deadline))
             continue
         except Exception as exc:
             if not ctx.backend.is_out_of_memory(exc):
@@ -167,18 +181,23 @@ def summarize(sampling: Sampling, warm: WarmUp, options: LatencyOptions, **measu
 
 
 def measure_latency(ctx: StageContext) -> LatencyResult:
-    """Warm up, sample batch-1 calls with the region's peak memory, then throughput per batch size."""
+    """Warm up, sample batch-1 calls with the region's peak memory, then throughput per batch size, all within
+    ``max_seconds`` (no call starts after it; the one sample always taken excepted)."""
     options = ctx.options("measure_latency") or LatencyOptions()
     backend, device = ctx.backend, ctx.job.device
     call = model_call(backend, ctx.model(), *ctx.inputs(1))  # built and placed before anything is timed
+    deadline = Deadline.after(options.max_seconds)  # building the model is bounded by the stage_timeout only
     timer = backend.timer(device)
     with backend.inference_context():
-        warm = warm_up(call, lambda: backend.synchronize(device), options.warmup_calls, options.warmup_seconds)
+        warm = warm_up(call, lambda: backend.synchronize(device), options.warmup_calls, options.warmup_seconds,
+                       deadline)
+        paused = time.monotonic()
         backend.reset_peak_memory(device)
-        with gc_paused():
-            sampling = sample_calls(call, timer, options.min_samples, options.max_seconds)
+        with gc_paused():  # rpx's own collection and reset are not the model's time: the deadline moves past them
+            deadline = deadline.extended(time.monotonic() - paused)
+            sampling = sample_calls(call, timer, options.min_samples, options.max_seconds, deadline)
         peak = backend.read_peak_memory(device)
-        throughput = measure_all_throughput(ctx, options, timer)
+        throughput = measure_all_throughput(ctx, options, timer, deadline)
     card = ctx.results.get("system_card")
     return summarize(
         sampling,

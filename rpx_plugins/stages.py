@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rpx_core.errors import did_you_mean
 from rpx_core.hookspecs import hookimpl
 from rpx_core.stages import Stage
 from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult
@@ -107,6 +108,17 @@ def roofline_needs_gpus(spec: Any, options: RooflineOptions) -> Iterable[str]:
         yield 'gpus: the roofline stage needs GPUs to bound: names from `rpx gpus`, or ["all"]'
 
 
+def pipeline_names_models(spec: Any, options: BatchSearchOptions) -> Iterable[str]:
+    """The pipeline must name models of the spec, each once."""
+    names = [model.name for model in spec.models]
+    for index, name in enumerate(options.pipeline):
+        if name not in names:
+            yield (f"options.batch_search.pipeline[{index}]: no model named {name!r} (the spec has "
+                   f"{', '.join(map(repr, names))}){did_you_mean(name, names)}")
+        elif options.pipeline.index(name) != index:
+            yield f"options.batch_search.pipeline[{index}]: model {name!r} is already in the pipeline"
+
+
 def counts_on_device(options: CountOptions) -> bool:
     """Counting runs the model on the backend only when asked to; "auto" and "meta" count on the meta device."""
     return options.count_on == "device"
@@ -177,6 +189,7 @@ BATCH_SEARCH = Stage(
     options=BatchSearchOptions,
     scope="run",
     executes=always,
+    check=pipeline_names_models,
     doc="Search batch sizes for a pipeline of models under a memory budget. Receives a RunContext (one "
     "StageContext per model, the options, the backend).",
 )

@@ -96,7 +96,7 @@ def test_results_already_measured_survive_an_interrupt(plugins, tmp_path):
         plugins.unregister("interrupter")
     saved = load(output).model("first")
     assert saved.stages["a"].status == "ok"  # measured before the interrupt: kept
-    assert saved.stages["stop"].status == "failed" and saved.stages["stop"].error == "interrupted"
+    assert saved.stages["stop"].status == "interrupted" and saved.stages["stop"].error == "interrupted by SIGINT"
     assert saved.finished is None  # the model did not finish
 
 

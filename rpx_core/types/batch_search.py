@@ -321,6 +321,10 @@ class BatchTracker:
     def last_failed(self) -> bool:
         return bool(self._trials) and not self._trials[-1].ok
 
+    def resume(self, trials: Sequence[Trial]) -> None:
+        """Start from the finished trials of an interrupted search of the same spec (``rpx run --resume``)."""
+        self._trials.extend(trials)
+
     def begin_trial(self, batch_sizes: Sequence[int]) -> None:
         self._row = _Row(tuple(batch_sizes), [StageMeasurement(size) for size in batch_sizes])
 

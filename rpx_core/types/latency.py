@@ -10,6 +10,7 @@ from __future__ import annotations
 import attrs
 
 from rpx_core.backends import MemoryPeak
+from rpx_core.limits import seconds_validator
 
 _positive = attrs.validators.gt(0)
 _non_negative = attrs.validators.ge(0)
@@ -22,14 +23,15 @@ class LatencyOptions:
     #: Untimed calls before measuring, at every batch size (first calls pay for allocation, compilation, autotuning).
     warmup_calls: int = attrs.field(default=10, validator=_non_negative)
     #: ... and at least this many seconds of them.
-    warmup_seconds: float = attrs.field(default=0.5, validator=_non_negative)
+    warmup_seconds: float = attrs.field(default=0.5, validator=seconds_validator(allow_zero=True))
     #: Timed batch-1 calls wanted; 662 is MLPerf's minimum to claim p99 (130 for p95, 64 for p90).
     min_samples: int = attrs.field(default=662, validator=_positive)
-    #: Stop sampling after this many seconds even if ``min_samples`` is not reached (the result then lists the
-    #: percentiles it cannot claim). At least one sample is always taken.
-    max_seconds: float = attrs.field(default=10.0, validator=_positive)
+    #: Seconds the stage may take once the model is built: warm-up, sampling and throughput start no call after it (sampling stops
+    #: even if ``min_samples`` is not reached, and the result lists the percentiles it cannot claim; throughput rows
+    #: not reached say so). At least one sample is always taken.
+    max_seconds: float = attrs.field(default=10.0, validator=seconds_validator())
     #: Timed seconds aimed for per throughput batch size (the call count is set from the warm-up's median call time).
-    throughput_seconds: float = attrs.field(default=1.0, validator=_positive)
+    throughput_seconds: float = attrs.field(default=1.0, validator=seconds_validator())
     #: ... but never fewer calls than this.
     throughput_min_calls: int = attrs.field(default=10, validator=_positive)
     #: Write every latency sample (ms) to the results.

@@ -22,6 +22,7 @@ from rpx_core.backends import Backend, MemoryPeak, Timer
 from rpx_core.context import RunContext, StageContext
 from rpx_core.errors import RpxError, UnsupportedError
 from rpx_core.hookspecs import hookimpl
+from rpx_core.interrupts import with_partial
 from rpx_core.types.batch_search import (
     BatchSearchOptions,
     BatchSearchResult,
@@ -52,24 +53,28 @@ def rpx_batch_search(ctx: RunContext) -> BatchSearchResult:
         resolution=options.resolution,
     )
     tracker = BatchTracker(fan_outs, budget - margin)
+    if ctx.previous is not None:  # resumed after an interruption: its finished trials count, the search goes on
+        tracker.resume(ctx.previous.trials)
     enforced = backend.set_memory_budget(device, budget)
+
+    def outcome() -> BatchSearchResult:
+        method = tracker.memory_method or "no memory reading (out-of-memory errors at the enforced budget only)"
+        return planner.result(tracker.trials, budget_bytes=budget, safety_margin_bytes=margin,
+                              budget_enforced=enforced, memory_method=method)
+
     try:
         _require_memory_readings(backend, device, enforced)
         runner = TrialRunner(backend, device, stages, [stage.model() for stage in stages], tracker, options.trial_seconds)
         while (sizes := planner.next_combination(tracker.trials)) is not None:
             runner.run(sizes, concurrent=options.concurrent)
+    except KeyboardInterrupt as interrupt:  # keep the finished trials: recorded as the interrupted stage's result
+        raise with_partial(interrupt, outcome()) from None
     finally:
         if enforced:
             backend.set_memory_budget(device, None)
         for stage in stages:
             stage.release()
-    return planner.result(
-        tracker.trials,
-        budget_bytes=budget,
-        safety_margin_bytes=margin,
-        budget_enforced=enforced,
-        memory_method=tracker.memory_method or "no memory reading (out-of-memory errors at the enforced budget only)",
-    )
+    return outcome()
 
 
 def pipeline_stages(contexts: Sequence[StageContext], names: Sequence[str]) -> list[StageContext]:

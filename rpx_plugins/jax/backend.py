@@ -172,6 +172,7 @@ class JaxBackend(Backend):
     description = "JAX (jit-compiled by XLA) on CPU, GPU or TPU"
     precisions = tuple(EXECUTION_DTYPES)
     framework = "jax"
+    worker_preload = ("jax", "jax.numpy")  # imported once before rpx forks workers (no backend is started)
 
     def input_dtype_name(self, spec_input: InputSpec, precision: str) -> str:
         if precision not in EXECUTION_DTYPES:  # counted, never run: the inputs stay as written

@@ -74,6 +74,15 @@ class TorchBackend(Backend):
     """Base for torch backends: placement and inputs are the same everywhere, only the device differs."""
 
     framework = "torch"
+    #: torch, and what the counting pass imports on first use (dynamo, fake tensors: about 4 s on a small CPU).
+    worker_preload = ("torch", "torch._dynamo", "torch._subclasses.fake_tensor", "rpx_plugins.torch.counter")
+
+    def device_problem(self, device: str) -> str | None:
+        """torch names a device of this backend ``<name>`` or ``<name>:<index>``."""
+        kind, _, index = device.partition(":")
+        if kind == self.name and (not index or index.isdigit()):
+            return None
+        return f"{device!r} is not a device of backend {self.name!r} (expected {self.name!r} or '{self.name}:<index>')"
 
     def place_model(self, model: Any, precision: str, device: str) -> Any:
         import torch

@@ -1,0 +1,167 @@
+"""Everything ``rpx validate`` (and ``rpx run``, before anything runs) can check without running a model, reported
+all at once: one ``file: key.path: problem`` line each.
+
+The spec's own structure and meaning (:func:`rpx_core.spec.structure_spec`), the plan (stages, options, backend,
+precision, GPUs: :func:`rpx_core.plan.plan_with_problems`), and here what needs the file system: model files exist,
+import paths resolve *without importing them* (rpx's own process never runs user code: the module is found on the
+import path and its source read for the name, never executed), devices have the backend's form, time limits fit in
+each other, and the output is writable and none of the run's inputs.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.machinery
+import sys
+from pathlib import Path
+from typing import Any
+
+from rpx_core.errors import SpecError
+from rpx_core.safe_write import OutputError, check_target
+
+
+def validate(path: str | Path, plugins: Any, *, stages: tuple[str, ...] | None = None,
+             output: Path | None = None) -> tuple[Any, Any]:
+    """Load the spec at ``path`` and plan it; raise one SpecError listing every problem. Returns (spec, plan)."""
+    from rpx_core.plan import plan_with_problems
+    from rpx_core.spec import read_spec_data, structure_spec
+
+    path = Path(path)
+    data = read_spec_data(path)
+    spec, problems = structure_spec(data, where=str(path), base_dir=str(path.parent), default_name=path.stem)
+    plan = None
+    if spec is not None:
+        plan, plan_problems = plan_with_problems(spec, plugins, where=str(path), stages=stages)
+        problems += [line for line in plan_problems if line not in problems]
+        try:
+            target = output if output is not None else spec.output_path()
+        except (KeyError, IndexError, ValueError):
+            target = None  # a bad output template, already reported
+        problems += run_problems(spec, plan, plugins, where=str(path), output=target, spec_path=str(path))
+    if problems or plan is None:
+        raise SpecError("\n".join(problems) or f"{path}: nothing to run")
+    return spec, plan
+
+
+def run_problems(spec: Any, plan: Any, plugins: Any, *, where: str, output: Path | None,
+                 spec_path: str | None) -> list[str]:
+    """Problems only the file system, the backend's device names and the limits together can show."""
+    problems: list[str] = []
+    for index, model in enumerate(spec.models):
+        for key in ("source", "input_factory"):
+            source = getattr(model, key)
+            if source and ":" in source and not source.startswith("<object>"):
+                problem = import_path_problem(source, Path(spec.base_dir))
+                if problem:
+                    problems.append(f"models[{index}].{key}: {problem}")
+    if plan is not None:
+        backend = plugins.backends(spec.choose)[spec.backend]
+        if spec.device is not None:
+            problem = backend.device_problem(spec.device)
+            if problem:
+                problems.append(f"device: {problem}")
+        problems += limit_problems(spec, plan)
+        if output is not None:
+            try:
+                check_target(output, run_inputs(plan, spec_path))
+            except OutputError as exc:
+                return [f"{where}: {problem}" for problem in problems] + [str(exc)]  # names the output path first
+    return [f"{where}: {problem}" for problem in problems]
+
+
+def limit_problems(spec: Any, plan: Any) -> list[str]:
+    """A stage's own time budget must fit in the limit that kills it, or it is killed before it can report."""
+    problems = []
+    latency = plan.options.get("measure_latency")
+    execution = spec.execution
+    if latency is not None and "measure_latency" in plan.stages:
+        if latency.max_seconds >= execution.stage_timeout:
+            problems.append(f"options.measure_latency.max_seconds: {latency.max_seconds:g} s is not less than "
+                            f"execution.stage_timeout ({execution.stage_timeout:g} s), which would kill the stage first")
+        if latency.warmup_seconds >= latency.max_seconds:
+            problems.append(f"options.measure_latency.warmup_seconds: {latency.warmup_seconds:g} s is not less than "
+                            f"max_seconds ({latency.max_seconds:g} s), which bounds the whole stage, warm-up included")
+    return problems
+
+
+def import_path_problem(source: str, base_dir: Path) -> str | None:
+    """Why ``module:attr`` or ``file.py:attr`` cannot be loaded, found without executing any of it; None if fine
+    (or if only running it could tell)."""
+    module_part, _, attr = source.rpartition(":")
+    if not module_part or not attr:
+        return f"{source!r}: expected 'package.module:callable' or 'path/to/file.py:callable'"
+    if module_part.endswith(".py"):
+        file = Path(module_part) if Path(module_part).is_absolute() else base_dir / module_part
+        if not file.is_file():
+            return f"no such file {file.resolve()}"
+        origin: str | None = str(file)
+    else:
+        try:
+            origin = find_module(module_part)
+        except ModuleNotFoundError as exc:
+            return f"{source!r}: cannot find module {exc.name!r} on the import path"
+    if origin is None or not origin.endswith(".py"):
+        return None  # a namespace package or an extension module: only importing could tell
+    names = top_level_names(Path(origin))
+    first = attr.split(".")[0]
+    if names is not None and first not in names:
+        from rpx_core.errors import did_you_mean
+
+        return f"{source!r}: {module_part} defines no {first!r}{did_you_mean(first, names)}"
+    return None
+
+
+def find_module(name: str) -> str | None:
+    """The file module ``name`` would be imported from, found like ``import`` finds it but without executing any
+    package's ``__init__``; ModuleNotFoundError naming the part that is missing."""
+    if name in sys.modules:
+        return getattr(sys.modules[name], "__file__", None)
+    search: list[str] | None = None
+    spec = None
+    parts = name.split(".")
+    for depth in range(len(parts)):
+        partial = ".".join(parts[: depth + 1])
+        spec = importlib.machinery.PathFinder.find_spec(partial, search)
+        if spec is None:
+            raise ModuleNotFoundError(f"no module {partial!r}", name=partial)
+        search = list(spec.submodule_search_locations or [])
+    return spec.origin if spec is not None else None
+
+
+def top_level_names(path: Path) -> set[str] | None:
+    """Names a module's source binds (defs, classes, assignments, imports; anywhere, so a name is never wrongly
+    missing); None when a star import or a module ``__getattr__`` means only running it could tell."""
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                names.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Global):
+            names.update(node.names)
+    if "__getattr__" in names:
+        return None
+    return names
+
+
+def run_inputs(plan: Any, spec_path: str | None) -> tuple[Path, ...]:
+    """Every file the run reads (the spec, model and input-factory files, GPU packs): never written over."""
+    paths = [Path(spec_path)] if spec_path else []
+    for job in plan.jobs:
+        for source in (job.model.source, job.model.input_factory):
+            module = (source or "").rpartition(":")[0]
+            if module.endswith(".py"):
+                paths.append(Path(module))
+    paths.extend(Path(plan.spec.base_dir) / pack for pack in plan.spec.gpu_packs)
+    return tuple(paths)
+
+
