@@ -97,7 +97,7 @@ def run_plan(
     with lock, signals_raise():
         record = provenance(plan, plugins, spec_path)
         result_types = {name: stage.result for name, stage in plugins.stages(spec.choose).unambiguous().items()}
-        previous = resume_from(output, record.spec_hash, record.rpx_version, plugin_identity(plugins),
+        previous = resume_from(output, record.spec, record.rpx_version, plugin_identity(plugins),
                                result_types) if resume and output is not None else None
         start = attrs.evolve(previous.run, provenance=attrs.evolve(previous.run.provenance, finished=None,
                                                                    command=record.command)) if previous else RunResult(provenance=record)

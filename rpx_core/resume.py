@@ -1,6 +1,6 @@
 """``rpx run --resume``: continue an interrupted run from its results file without redoing anything finished.
 
-A previous file is resumed only if it was made by the same spec (hash), the same rpx version and the same plugin set
+A previous file is resumed only if it was made by the same spec, the same rpx version and the same plugin set
 (names, distributions, versions): otherwise its figures would not be comparable with the new ones, and resuming is
 refused with the difference named. Then:
 
@@ -13,8 +13,10 @@ refused with the difference named. Then:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -50,9 +52,11 @@ class Resumed:
         return self.run.run_stages.get(name)
 
 
-def resume_from(path: Path, spec_hash: str, rpx_version: str, plugins: tuple[tuple[str, str, str], ...],
+def resume_from(path: Path, spec_data: dict[str, Any], rpx_version: str, plugins: tuple[tuple[str, str, str], ...],
                 result_types: Mapping[str, type | None]) -> Resumed | None:
-    """The previous run at ``path`` if it can be resumed by this one; None if there is no file yet."""
+    """The previous run at ``path`` if it can be resumed by this one; None if there is no file yet. The spec is
+    compared key by key, except ``execution`` (isolation and time limits change how jobs run, not what they
+    measure, so a run may be resumed with other limits)."""
     if not path.exists():
         return None
     previous = load(path, result_types)
@@ -60,8 +64,11 @@ def resume_from(path: Path, spec_hash: str, rpx_version: str, plugins: tuple[tup
     had = tuple(sorted((info.name, info.distribution, info.version) for info in provenance.plugins
                        if info.status == "loaded"))
     differences = []
-    if provenance.spec_hash != spec_hash:
-        differences.append(f"the spec changed (hash {provenance.spec_hash} then, {spec_hash} now)")
+    then, now = _comparable(provenance.spec), _comparable(spec_data)
+    changed = _changed_keys(then, now)
+    if changed:
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        differences.append(f"the spec changed ({shown})")
     if provenance.rpx_version != rpx_version:
         differences.append(f"rpx changed (version {provenance.rpx_version} then, {rpx_version} now)")
     if had != plugins:
@@ -74,3 +81,21 @@ def resume_from(path: Path, spec_hash: str, rpx_version: str, plugins: tuple[tup
         raise ResumeError(f"{path}: cannot resume: {'; '.join(differences)}; run without --resume to start over "
                           "(the file is then replaced)")
     return Resumed(previous, {model.name: model for model in previous.models})
+
+
+def _comparable(spec: dict[str, Any]) -> dict[str, Any]:
+    """Spec data as TOML and JSON give it back (lists, no None), without ``execution``."""
+    data = json.loads(json.dumps(spec, default=str))
+    data.pop("execution", None)
+    return data
+
+
+def _changed_keys(then: Any, now: Any, path: str = "") -> list[str]:
+    """The key paths (``models[0].kwargs.out_features``) at which two spec data trees differ."""
+    if isinstance(then, dict) and isinstance(now, dict):
+        return [changed for key in sorted({*then, *now})
+                for changed in _changed_keys(then.get(key), now.get(key), f"{path}.{key}" if path else key)]
+    if isinstance(then, list) and isinstance(now, list) and len(then) == len(now):
+        return [changed for index, (a, b) in enumerate(zip(then, now, strict=True))
+                for changed in _changed_keys(a, b, f"{path}[{index}]")]
+    return [] if then == now else [path]

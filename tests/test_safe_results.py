@@ -176,3 +176,23 @@ def test_the_exit_code_table_is_what_the_cli_returns():
     assert [int(code) for code in ExitCode] == [0, 1, 2, 3, 130, 143]
     assert for_signal(15) == 143 and for_signal(2) == 130
     assert os.EX_OK == ExitCode.OK
+
+
+def test_resume_accepts_other_limits_and_refuses_another_spec_naming_what_changed(tmp_path, capsys, monkeypatch):
+    """[execution] changes how jobs run, not what they measure: a run resumes under other limits. Any other change
+    is refused with the key paths that differ, and the file is left as it was."""
+    monkeypatch.chdir(tmp_path)
+    spec = spec_file(tmp_path)
+    assert run_cli(capsys, "run", "spec.toml", "-o", "out.toml")[0] == 0
+    first = (tmp_path / "out.toml").read_text()
+    spec.write_text(spec.read_text() + "[execution]\nstage_timeout = 30\n")
+    code, err = run_cli(capsys, "run", "spec.toml", "-o", "out.toml", "--resume")
+    assert code == 0, err
+    spec.write_text(spec.read_text().replace("out_features = 2", "out_features = 3"))
+    resumed = (tmp_path / "out.toml").read_text()
+    code, err = run_cli(capsys, "run", "spec.toml", "-o", "out.toml", "--resume")
+    assert code == 2
+    assert err.startswith("rpx: error: out.toml: cannot resume: the spec changed (models[0].kwargs.out_features);")
+    assert (tmp_path / "out.toml").read_text() == resumed
+    assert rpx.load_results(tmp_path / "out.toml").model("lin").stages["count_params"].result.total == 8 + 2
+    assert "count_params" in first
