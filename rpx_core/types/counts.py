@@ -131,6 +131,16 @@ class ParamsResult:
     precision: str  # the precision bytes_at_precision assumes: fp32/tf32 4 bytes, fp16/bf16 2, fp8/int8 1
 
 
+def _one_of(*choices: str) -> Callable[[Any, Any, Any], None]:
+    """An attrs validator whose error is one readable line (attrs' own ``in_`` repeats the whole attribute)."""
+
+    def check(_instance: Any, attribute: Any, value: Any) -> None:
+        if value not in choices:
+            raise ValueError(f"{attribute.name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+
+    return check
+
+
 @attrs.frozen
 class CountOptions:
     """Options of ``count_flops`` (``[options.count_flops]``); ``estimate_traffic`` shares its counting pass and these."""
@@ -147,9 +157,8 @@ class CountOptions:
     #: "without_recompute" (2x the forward MACs: dQ, dK, dV, dP; the work of the math path's backward, which stores
     #: the probabilities) or "with_recompute" (adds the scores QK^T recomputed from Q and K and the probabilities from
     #: the saved log-sum-exp, as flash and efficient kernels do; torch's FlopCounterMode convention for those kernels).
-    attention_backward: str = attrs.field(
-        default="without_recompute", validator=attrs.validators.in_(("without_recompute", "with_recompute"))
-    )
+    attention_backward: str = attrs.field(default="without_recompute", validator=_one_of("without_recompute",
+                                                                                         "with_recompute"))
 
 
 T = TypeVar("T")
