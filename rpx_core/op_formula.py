@@ -33,7 +33,9 @@ class OpFormula:
     built-in one, for the overload named, for every overload of a packet, and for in-place variants (``op_``).
     """
 
-    op: Any = attrs.field(validator=_op_given)  # op object (packet or overload), or "namespace::name[.overload]"
+    #: The operator: torch.ops.<namespace>.<name> (every overload) or .<overload>, a torch.library.custom_op function,
+    #: or its name as a string, "namespace::name" or "namespace::name.overload"
+    op: Any = attrs.field(validator=_op_given)
     macs: Callable[[Any], int] | None = attrs.field(default=None, validator=_optional_callable)
     flops: Callable[[Any], int] | None = attrs.field(default=None, validator=_optional_callable)
     bytes: Callable[[Any], tuple[int, int]] | None = attrs.field(default=None, validator=_optional_callable)

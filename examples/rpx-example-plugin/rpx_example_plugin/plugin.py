@@ -8,6 +8,7 @@
 * ``rpx_register_stages`` + ``rpx_weights_report``: a new stage, ``weights_report``, which needs ``count_params``,
   takes options, returns its own result type and contributes a summary field. Its implementation is ``trylast``, so
   another plugin can override it for its own backend, exactly like a built-in stage.
+* ``rpx_register_op_formulas``: a FLOP formula for a custom operator, ``example::fused_gelu`` (defined in ``ops``).
 """
 
 from __future__ import annotations
@@ -111,3 +112,19 @@ def rpx_weights_report(ctx: StageContext) -> WeightsReport:
     unit = ctx.options("weights_report").unit
     scale = 1e6 if unit == "MB" else 2**20
     return WeightsReport(unit=unit, weights=params.bytes_at_precision / scale, precision=params.precision)
+
+
+# -- operator formulas: pricing a custom operator ----------------------------------------------------------------------
+
+
+@hookimpl
+def rpx_register_op_formulas() -> list:
+    """Price ``example::fused_gelu`` (the erf-form GELU as one operator), which rpx's counter has no formula for.
+
+    Called when a torch count starts, so importing the module that defines the operator (and torch) here costs
+    nothing elsewhere; the formula uses rpx's per-element cost of GELU, so the figure matches an unfused GELU's.
+    """
+    from rpx_core.plugin import OpFormula, cost_table
+    from rpx_example_plugin import ops  # noqa: F401  (defines example::fused_gelu)
+
+    return [OpFormula("example::fused_gelu", flops=lambda call: cost_table.GELU_ERF * call.out_numel())]

@@ -107,7 +107,7 @@ def resolve(formulas: Iterable[OpFormula]) -> dict[OpOverload | OpOverloadPacket
 
 
 def _operator(entry: OpFormula) -> OpOverload | OpOverloadPacket:
-    op = entry.op
+    op = getattr(entry.op, "_opoverload", entry.op)  # a torch.library.custom_op function stands for its operator
     if isinstance(op, (OpOverload, OpOverloadPacket)):
         return op
     where = f"plugin {entry.plugin!r}: op formula for {op!r}"
