@@ -98,10 +98,13 @@ def rpx_register_op_formulas() -> list[OpFormula]:
     string naming an operator registered later (``"mylib::fused_gelu"``); one that does not resolve is an error
     naming the plugin. A plugin's formula takes precedence over the built-in one; for an operator two plugins price,
     the first in plugin call order wins (tryfirst/trylast order them), and the result's ``plugin_formulas`` names
-    the plugin that priced each operator. Example::
+    the plugin that priced each operator. The hook is also called when plugins load (``rpx plugins``): import
+    nothing heavy in it; name the module defining the operator as ``library``, imported when counting starts. Example::
+
+        from rpx_core.plugin import OpFormula, cost_table, hookimpl
 
         @hookimpl
         def rpx_register_op_formulas():
-            from rpx_core.cost_table import GELU_ERF
-            return [OpFormula("mylib::fused_gelu", flops=lambda call: GELU_ERF * call.out_numel())]
+            gelu = cost_table.GELU_ERF  # 5 FLOPs per element, as rpx prices an unfused GELU
+            return [OpFormula("mylib::fused_gelu", flops=lambda call: gelu * call.out_numel(), library="mylib.ops")]
     """

@@ -2,7 +2,8 @@
 
 Modelled on torch's ``register_flop_formula`` (a formula per operator object, computed from the call) and fvcore's
 ``set_op_handle`` (operators named by string, handles added or replaced by the user). Torch-free, so registering a
-formula imports nothing heavy: an operator may be named as a string and is resolved when counting starts.
+formula imports nothing heavy: an operator may be named as a string (with the module that defines it) and is resolved
+when counting starts.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ class OpFormula:
     macs: Callable[[Any], int] | None = attrs.field(default=None, validator=_optional_callable)
     flops: Callable[[Any], int] | None = attrs.field(default=None, validator=_optional_callable)
     bytes: Callable[[Any], tuple[int, int]] | None = attrs.field(default=None, validator=_optional_callable)
+    #: The module that defines ``op`` (with torch.library), imported when counting starts, before ``op`` is resolved:
+    #: the hook itself then imports nothing heavy (it is called when plugins load, e.g. by ``rpx plugins``).
+    library: str | None = None
     plugin: str | None = None  # set by rpx: the plugin that registered it
 
     def __attrs_post_init__(self) -> None:

@@ -132,6 +132,16 @@ def test_an_operator_that_does_not_resolve_is_one_error_naming_the_plugin(plugin
     assert re.search(message, record.error), record.error
 
 
+def test_the_library_defining_an_operator_is_imported_when_counting_starts(plugins: Plugins) -> None:
+    plugins.register(formula_plugin(OpFormula("rpxtest::scaled_tanh", flops=lambda call: 2 * call.out_numel(),
+                                              library="tests.test_op_formulas")), "with-library")
+    assert counted(plugins).result("count_flops").plugin_formulas == {"rpxtest.scaled_tanh": "with-library"}
+    plugins.register(formula_plugin(OpFormula("nolib::op", flops=lambda call: 0, library="no_such_module")), "nolib")
+    record = counted(plugins).stages["count_flops"]
+    assert record.status == "failed"
+    assert "plugin 'nolib': op formula for 'nolib::op': cannot import its library 'no_such_module'" in record.error
+
+
 def test_a_badly_built_formula_is_an_error_naming_the_plugin(plugins: Plugins) -> None:
     @hookimpl
     def rpx_register_op_formulas() -> list[OpFormula]:

@@ -77,6 +77,20 @@ def test_the_example_plugin_prices_its_custom_operator(with_example):
     assert flops.by_operator["example.fused_gelu"].other_flops == gelu
 
 
+def test_loading_the_example_plugin_with_its_op_formulas_imports_no_torch(example_plugin_site):
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_cli import NO_TORCH
+
+    done = subprocess.run([sys.executable, "-c", NO_TORCH.format(args=["plugins"])], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **env_with(example_plugin_site)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-2:] == ["CODE: 0", "HEAVY:"], done.stdout[-500:] + done.stderr[-500:]
+    assert "example" in done.stdout and "register_op_formulas" in done.stdout
+
+
 def test_plugin_stage_options_are_validated(with_example):
     spec = spec_from_dict({"models": [MODEL], "stages": ["weights_report"], "options": {"weights_report": {"unti": "MB"}}})
     with pytest.raises(SpecError, match=r"s.toml: options.weights_report: unknown key 'unti'; did you mean 'unit'\?"):

@@ -1,7 +1,7 @@
 """A custom operator the example plugin prices (``example::fused_gelu``), and a model that uses it.
 
-Imports torch: the plugin module imports this only inside its ``rpx_register_op_formulas`` hook, which rpx calls
-when a torch count starts, so ``rpx plugins`` never imports torch.
+Imports torch: the plugin names this module as the formula's ``library``, which rpx imports only when a torch count
+starts, so ``rpx plugins`` never imports torch.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from rpx_core.plugin import Availability, CpuBackend, ParamsResult, Stage, StageContext, hookimpl
+from rpx_core.plugin import Availability, CpuBackend, OpFormula, ParamsResult, Stage, StageContext, cost_table, hookimpl
 
 
 class OneThreadCpuBackend(CpuBackend):
@@ -121,10 +121,9 @@ def rpx_weights_report(ctx: StageContext) -> WeightsReport:
 def rpx_register_op_formulas() -> list:
     """Price ``example::fused_gelu`` (the erf-form GELU as one operator), which rpx's counter has no formula for.
 
-    Called when a torch count starts, so importing the module that defines the operator (and torch) here costs
-    nothing elsewhere; the formula uses rpx's per-element cost of GELU, so the figure matches an unfused GELU's.
+    The operator is named as a string with the module that defines it (``library``), which rpx imports only when a
+    torch count starts, so loading this plugin (``rpx plugins``) never imports torch. The formula uses rpx's
+    per-element cost of GELU, so the figure matches an unfused GELU's.
     """
-    from rpx_core.plugin import OpFormula, cost_table
-    from rpx_example_plugin import ops  # noqa: F401  (defines example::fused_gelu)
-
-    return [OpFormula("example::fused_gelu", flops=lambda call: cost_table.GELU_ERF * call.out_numel())]
+    gelu = cost_table.GELU_ERF
+    return [OpFormula("example::fused_gelu", flops=lambda call: gelu * call.out_numel(), library="rpx_example_plugin.ops")]

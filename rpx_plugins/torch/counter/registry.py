@@ -9,6 +9,7 @@ resolved when counting starts and asked first.
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
@@ -111,6 +112,11 @@ def _operator(entry: OpFormula) -> OpOverload | OpOverloadPacket:
     if isinstance(op, (OpOverload, OpOverloadPacket)):
         return op
     where = f"plugin {entry.plugin!r}: op formula for {op!r}"
+    if entry.library:
+        try:
+            importlib.import_module(entry.library)
+        except ImportError as error:
+            raise PluginError(f"{where}: cannot import its library {entry.library!r}: {error}") from None
     if not isinstance(op, str):
         raise PluginError(f"{where}: not a torch operator; give torch.ops.<namespace>.<name> or 'namespace::name'")
     match = _OP_NAME.match(op)
