@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
+from torch._ops import OpOverloadPacket
+
 from rpx_core import cost_table
 from rpx_plugins.torch.counter.registry import Formula, OpCall, aten, formula, present
 
@@ -170,7 +172,7 @@ formula(*LOW_LEVEL_BACKWARD_KERNELS)(attention(length_before_heads, backward=Tru
 
 #: The fused attention backward kernels priced with recomputation (attention_backward = "with_recompute"), taking
 #: the place of their built-in formulas for that count.
-ATTENTION_BACKWARD_WITH_RECOMPUTE: dict = {
+ATTENTION_BACKWARD_WITH_RECOMPUTE: dict[OpOverloadPacket, Formula] = {
     **dict.fromkeys(SDPA_BACKWARD_KERNELS, attention(heads_before_length, backward=True, recompute=True)),
     **dict.fromkeys(LOW_LEVEL_BACKWARD_KERNELS, attention(length_before_heads, backward=True, recompute=True)),
 }

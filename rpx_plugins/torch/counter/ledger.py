@@ -159,7 +159,7 @@ class Ledger:
             if key is None or key in self.live or key in input_keys or key in self.weight_bytes:
                 continue
             storage = tensor.untyped_storage()
-            nbytes = self.sizes.storage_bytes(tensor)
+            nbytes = self.sizes.storage_bytes(tensor, storage)
             fp16 = storage.nbytes() // tensor.element_size() * 2 if tensor.is_floating_point() else nbytes
             self.live[key] = (weakref.ref(storage, functools.partial(self._release, key)), nbytes, fp16)
             self.live_bytes += nbytes

@@ -23,9 +23,9 @@ class ElementSizes:
     def of(self, tensor: torch.Tensor) -> int:
         return self.overrides.get(tensor.dtype) or tensor.element_size()
 
-    def storage_bytes(self, tensor: torch.Tensor) -> int:
-        """Bytes of ``tensor``'s whole storage at the counted element size."""
-        nbytes = tensor.untyped_storage().nbytes()
+    def storage_bytes(self, tensor: torch.Tensor, storage: Any = None) -> int:
+        """Bytes of ``tensor``'s whole storage (``storage``, when the caller has it) at the counted element size."""
+        nbytes = (tensor.untyped_storage() if storage is None else storage).nbytes()
         size = self.overrides.get(tensor.dtype)
         return nbytes if size is None else nbytes // tensor.element_size() * size
 
