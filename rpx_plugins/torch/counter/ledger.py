@@ -159,8 +159,10 @@ class Ledger:
             if key is None or key in self.live or key in input_keys or key in self.weight_bytes:
                 continue
             storage = tensor.untyped_storage()
-            nbytes = self.sizes.storage_bytes(tensor, storage)
-            fp16 = storage.nbytes() // tensor.element_size() * 2 if tensor.is_floating_point() else nbytes
+            nbytes = stored = storage.nbytes()
+            if self.sizes.overrides:  # fp8/int8 counted with a stand-in dtype
+                nbytes = self.sizes.storage_bytes(tensor, storage)
+            fp16 = stored // tensor.element_size() * 2 if tensor.is_floating_point() else nbytes
             self.live[key] = (weakref.ref(storage, functools.partial(self._release, key)), nbytes, fp16)
             self.live_bytes += nbytes
             self.live_bytes_fp16 += fp16
