@@ -198,3 +198,50 @@ def test_attention_backward_option_is_validated() -> None:
     with pytest.raises(SpecError, match=r"s\.toml: options\.count_flops: attention_backward must be one of "
                                         r"'without_recompute', 'with_recompute'; got 'recompute'"):
         run_spec(spec, output=None, spec_path="s.toml")
+
+
+def test_the_newer_batch_norm_backward_hand_computed() -> None:
+    """aten.batch_norm_backward (what compiled and functionalised graphs call): ``update`` is training."""
+    x, ones, zeros = (torch.randn(2, 4, 5, 5, device="meta"), torch.ones(4, device="meta"), torch.zeros(4, device="meta"))
+
+    def backward(update: bool):  # noqa: ANN202
+        return lambda t: torch.ops.aten.batch_norm_backward(t, t, ones, zeros, ones, zeros, ones, update, 1e-5,
+                                                            [True, False, False], torch.empty(0, device="meta"))[0]
+
+    training = count_model(Apply(backward(True)), (x,)).flops.by_operator["aten.batch_norm_backward"]
+    inference = count_model(Apply(backward(False)), (x,)).flops.by_operator["aten.batch_norm_backward"]
+    assert training.other_flops == (2 + 2 + 1 + 4) * x.numel()  # input gradient only: the sums are still needed
+    assert inference.other_flops == 1 * x.numel()  # input gradient only: one scale per element
+
+
+@pytest.mark.parametrize(
+    ("pool", "op", "per_output_gradient"),
+    [
+        (nn.MaxPool3d(2), "aten.max_pool3d_with_indices_backward", 1),
+        (nn.AvgPool3d(2), "aten.avg_pool3d_backward", 2 * 2 * 2),
+        (nn.AdaptiveMaxPool3d(2), "aten.adaptive_max_pool3d_backward", 1),
+    ],
+)
+def test_3d_and_adaptive_max_pool_backward_hand_computed(pool: nn.Module, op: str, per_output_gradient: int) -> None:
+    x = torch.randn(1, 2, 4, 4, 4, requires_grad=True)
+    assert backward_op(pool, x, op=op).other_flops == per_output_gradient * 2 * 2 * 2 * 2  # 2 planes of 2x2x2 outputs
+
+
+def test_adaptive_max_pool2d_backward_hand_computed() -> None:
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    stats = backward_op(nn.AdaptiveMaxPool2d(2), x, op="aten.adaptive_max_pool2d_backward")
+    assert stats.other_flops == 2 * 3 * 2 * 2  # one add per output gradient
+
+
+def test_formulas_of_kernels_this_machine_cannot_run_hand_computed() -> None:
+    """cuDNN/MIOpen batch-norm backward (CUDA/ROCm only) and the fused RMS norm forward (decomposed on this torch),
+    priced from a call as the dispatcher would pass it."""
+    from rpx_plugins.torch.counter import formulas
+    from rpx_plugins.torch.counter.registry import OpCall
+
+    x = torch.empty(2, 4, 5, 5, device="meta")
+    assert BUILTIN[aten.cudnn_batch_norm_backward] is BUILTIN[aten.miopen_batch_norm_backward]
+    assert formulas.vendor_batch_norm_backward(OpCall({"input": x}, [])) == (0, 9 * x.numel())  # training, all grads
+    weight = torch.empty(5, device="meta")
+    assert formulas.rms_norm(OpCall({"input": x, "weight": weight}, [])) == (0, (3 + 1) * x.numel())
+    assert formulas.rms_norm(OpCall({"input": x, "weight": None}, [])) == (0, 3 * x.numel())
