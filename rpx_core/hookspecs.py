@@ -37,6 +37,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 if TYPE_CHECKING:
     from rpx_core.backends import Backend
+    from rpx_core.op_formula import OpFormula
     from rpx_core.stages import Stage
 
 
@@ -84,3 +85,26 @@ def stage_hook_specs(stages: Iterable[Stage]) -> Any:
         spec.__doc__ = f"Stage {stage.name!r}: {stage.doc or stage.description}. First non-None result wins."
         specs[stage.hook] = hookspec(firstresult=True)(spec)
     return types.SimpleNamespace(**specs)
+
+
+# -- operator formulas (registration hook) -----------------------------------------------------------------------------
+
+
+@hookspec
+def rpx_register_op_formulas() -> list[OpFormula]:
+    """Return FLOP/byte formulas for operators rpx's counter has none for (custom ops) or prices otherwise
+    (:class:`rpx_core.op_formula.OpFormula`: ``op``, ``macs``, ``flops``, optional ``bytes``, each a function of one
+    call). Called on every plugin; results are collected and resolved when a torch count starts, so ``op`` may be a
+    string naming an operator registered later (``"mylib::fused_gelu"``); one that does not resolve is an error
+    naming the plugin. A plugin's formula takes precedence over the built-in one; for an operator two plugins price,
+    the first in plugin call order wins (tryfirst/trylast order them), and the result's ``plugin_formulas`` names
+    the plugin that priced each operator. The hook is also called when plugins load (``rpx plugins``): import
+    nothing heavy in it; name the module defining the operator as ``library``, imported when counting starts. Example::
+
+        from rpx_core.plugin import OpFormula, cost_table, hookimpl
+
+        @hookimpl
+        def rpx_register_op_formulas():
+            gelu = cost_table.GELU_ERF  # 5 FLOPs per element, as rpx prices an unfused GELU
+            return [OpFormula("mylib::fused_gelu", flops=lambda call: gelu * call.out_numel(), library="mylib.ops")]
+    """

@@ -12,18 +12,21 @@ options, and FLOP formulas for operators the counter does not know.
   percentiles as :data:`stats`, :class:`MemoryPeak`, :class:`Timer`).
 * Precisions (:class:`Precision`, :func:`get_precision`) and GPU packs (:class:`GPUSpec`, :class:`Peak`,
   :class:`GPUCatalog`).
+* Operator formulas: :class:`OpFormula` (what ``rpx_register_op_formulas`` returns) and :mod:`rpx_core.cost_table`
+  as :data:`cost_table` (the per-element FLOP costs behind every ``other_flops``).
 * Errors: :class:`RpxError` (the user can fix it: one line, exit 2), :class:`UnsupportedError` (a figure cannot be
   produced: said out loud, never a zero).
 """
 
 from __future__ import annotations
 
-from rpx_core import stats
+from rpx_core import cost_table, stats
 from rpx_core.backends import Availability, Backend, MemoryPeak, Timer
 from rpx_core.context import Job, RunContext, StageContext
 from rpx_core.errors import RpxError, UnsupportedError
 from rpx_core.gpus import GPUCatalog, GPUSpec, Peak
 from rpx_core.hookspecs import hookimpl
+from rpx_core.op_formula import OpFormula
 from rpx_core.precision import PRECISIONS, Precision, get_precision
 from rpx_core.spec import InputSpec, ModelSpec
 from rpx_core.stages import Stage
@@ -57,6 +60,8 @@ __all__ = [
     "BatchSearchResult", "BatchSearchOptions",
     # precisions and GPU packs
     "Precision", "PRECISIONS", "get_precision", "GPUSpec", "Peak", "GPUCatalog",
+    # operator formulas
+    "OpFormula", "cost_table",
     # errors
     "RpxError", "UnsupportedError",
 ]

@@ -37,6 +37,7 @@ from rpx_core.version import __version__
 if TYPE_CHECKING:
     from rpx_core.backends import Backend
     from rpx_core.gpus import GPUCatalog
+    from rpx_core.op_formula import OpFormula
     from rpx_core.spec import Choices
     from rpx_core.stages import Stage
 
@@ -364,6 +365,26 @@ class Plugins:
         from_env = [Path(path) for path in os.environ.get(GPU_PACKS_ENV, "").split(os.pathsep) if path]
         packs.extend(load_pack(Path(path), provider=str(path)) for path in [*extra_packs, *from_env])
         return GPUCatalog(packs, choose=choose.gpus if choose else {})
+
+    # -- operator formulas ---------------------------------------------------------------------------------------------
+
+    def op_formulas(self) -> list[OpFormula]:
+        """Every plugin's operator formulas (``rpx_register_op_formulas``), in plugin call order, each marked with the
+        plugin that registered it; a formula built wrongly, or anything but an OpFormula, is an error naming the plugin."""
+        from rpx_core.op_formula import OpFormula
+
+        found = []
+        for impl in _implementations(self._pm.hook.rpx_register_op_formulas):
+            try:
+                items = impl.function() or ()
+            except (TypeError, ValueError) as error:  # an OpFormula built wrongly
+                raise PluginError(f"plugin {impl.plugin_name!r}: rpx_register_op_formulas: {error}") from None
+            for item in items:
+                if not isinstance(item, OpFormula):
+                    raise PluginError(f"plugin {impl.plugin_name!r}: rpx_register_op_formulas returned "
+                                      f"{type(item).__name__}, not rpx_core.op_formula.OpFormula")
+                found.append(attrs.evolve(item, plugin=impl.plugin_name))
+        return found
 
     # -- stage hooks ---------------------------------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ def test_rpx_plugins_lists_the_installed_plugin_with_version_and_hooks(example_p
     assert example["distribution"] == "rpx-example-plugin" and example["version"] == "0.3.0"
     assert example["builtin"] is False and example["status"] == "loaded"
     assert set(example["hooks"]) == {"rpx_register_backends", "rpx_count_params", "rpx_register_gpu_packs",
-                                     "rpx_register_stages", "rpx_weights_report"}
+                                     "rpx_register_stages", "rpx_weights_report", "rpx_register_op_formulas"}
 
 
 def test_plugin_gpu_pack_is_listed_by_rpx_gpus(example_plugin_site):
@@ -63,6 +63,32 @@ def test_stage_override_applies_to_its_backend_only_and_new_stage_runs(with_exam
     for backend in ("cpu-1thread", "cpu"):
         params = run_spec(spec_from_dict({**bf16, "backend": backend}), plugins=plugins, output=None).model("lin")
         assert params.result("count_params").bytes_at_precision == 136 * 2  # bf16: 2 bytes per parameter
+
+
+def test_the_example_plugin_prices_its_custom_operator(with_example):
+    spec = spec_from_dict({"models": [{"name": "mlp", "source": "rpx_example_plugin.ops:fused_gelu_mlp",
+                                       "inputs": [{"shape": [2, 16]}]}], "stages": ["count_flops"]})
+    flops = run_spec(spec, plugins=Plugins.load(), output=None).model("mlp").result("count_flops")
+    batch, width, hidden = 2, 16, 64
+    assert flops.uncounted_ops == {} and flops.plugin_formulas == {"example.fused_gelu": "example"}
+    assert flops.macs == 2 * batch * width * hidden  # the two linears
+    gelu = 5 * batch * hidden  # the erf-form GELU's 5 FLOPs per element, as the plugin prices it
+    assert flops.other_flops == batch * (hidden + width) + gelu  # bias adds + the custom operator
+    assert flops.by_operator["example.fused_gelu"].other_flops == gelu
+
+
+def test_loading_the_example_plugin_with_its_op_formulas_imports_no_torch(example_plugin_site):
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_cli import NO_TORCH
+
+    done = subprocess.run([sys.executable, "-c", NO_TORCH.format(args=["plugins"])], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **env_with(example_plugin_site)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-2:] == ["CODE: 0", "HEAVY:"], done.stdout[-500:] + done.stderr[-500:]
+    assert "example" in done.stdout and "register_op_formulas" in done.stdout
 
 
 def test_plugin_stage_options_are_validated(with_example):

@@ -21,6 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from rpx_core.api import run_spec
 from rpx_core.convert import converter
+from rpx_core.errors import SpecError
 from rpx_core.precision import UnknownPrecisionError
 from rpx_core.results import StageRecord
 from rpx_core.spec import InputSpec, ModelSpec, spec_from_dict
@@ -814,3 +815,53 @@ def test_count_parameters_counts_tied_weights_once_and_rejects_unknown_precision
     assert count_parameters(model, "fp32").total == expected
     with pytest.raises(UnknownPrecisionError, match="unknown precision"):
         count_parameters(model, "fp64")
+
+
+# -- fp8 and int8: counted on meta with a 2-byte stand-in, priced at 1 byte per floating element -------------------
+
+
+def low_precision_run(precision: str, model: dict, **options: object):  # noqa: ANN201
+    spec = spec_from_dict({
+        "models": [model], "precision": precision, "gpus": ["H100-SXM"],
+        "stages": ["count_params", "count_flops", "estimate_traffic", "roofline"],
+        "options": {"count_flops": options} if options else {},
+    })
+    return run_spec(spec, output=None).model(model["name"])
+
+
+LINEAR = {"name": "lin", "source": "torch.nn:Linear", "kwargs": {"in_features": 16, "out_features": 8},
+          "inputs": [{"shape": [4, 16], "dtype": "float32"}]}
+
+
+@pytest.mark.parametrize("precision", ["fp8", "int8"])
+def test_fp8_and_int8_bytes_hand_computed(precision: str) -> None:
+    run = low_precision_run(precision, LINEAR)
+    for stage in ("count_params", "count_flops", "estimate_traffic", "roofline"):
+        assert run.stages[stage].status == "ok", run.stages[stage].error
+    weights, inputs, outputs = 16 * 8 + 8, 4 * 16, 4 * 8  # elements, each 1 byte at fp8/int8
+    assert run.result("count_params").bytes_at_precision == weights
+    flops = run.result("count_flops")
+    assert flops.counted_on == "meta" and flops.macs == 4 * 16 * 8 and flops.other_flops == 4 * 8  # as at fp32
+    assert flops.counted_inputs == ("bfloat16[4,16]",)  # the stand-in the pass ran at
+    traffic = run.result("estimate_traffic")
+    assert traffic.unfused_bytes == traffic.fused_bytes == weights + inputs + outputs
+    assert (traffic.weight_bytes, traffic.input_bytes, traffic.output_bytes) == (weights, inputs, outputs)
+    assert traffic.activation_peak_bytes == outputs and traffic.activation_peak_bytes_fp16 == 2 * outputs
+    assert any("bfloat16 tensors are counted at 1 byte(s) per element" in line for line in traffic.assumptions)
+    bound = run.result("roofline").gpus["H100-SXM"][precision]  # the GPU's fp8 / int8 peak, not a wider one
+    assert bound.memory_ms_fused == pytest.approx((weights + inputs + outputs) / (bound.bandwidth_gb_s * 1e9) * 1e3)
+    assert bound.compute_ms == pytest.approx(flops.total_flops / (bound.peak_tflops * 1e12) * 1e3)
+
+
+def test_fp8_integer_tensors_keep_their_own_size() -> None:
+    table = {"name": "emb", "source": "torch.nn:Embedding", "kwargs": {"num_embeddings": 100, "embedding_dim": 8},
+             "inputs": [{"shape": [1, 4], "dtype": "int64", "high": 100}]}
+    traffic = low_precision_run("fp8", table).result("estimate_traffic")
+    rows, indices = 4 * 8, 4 * 8  # 4 gathered rows of 8 one-byte elements; 4 int64 indices at 8 bytes
+    assert traffic.unfused_bytes == rows + indices + rows  # reads the rows and the indices, writes the rows
+    assert (traffic.weight_bytes, traffic.input_bytes, traffic.output_bytes) == (rows, indices, rows)
+
+
+def test_fp8_is_counted_on_meta_only() -> None:
+    with pytest.raises(SpecError, match=r"backend 'cpu' cannot execute 'fp8' .* which stage 'count_flops' needs"):
+        low_precision_run("fp8", LINEAR, count_on="device")

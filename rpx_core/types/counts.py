@@ -94,6 +94,8 @@ class FlopsResult:
     counted_batch_size: int | None = None
     #: Why the pass was not counted where asked ("could not count on meta: <error>; counted on cpu"); None if it was.
     fallback_reason: str | None = None
+    #: Operators priced by a plugin's formula (rpx_register_op_formulas) -> that plugin; empty when none was.
+    plugin_formulas: dict[str, str] = attrs.Factory(dict)
 
 
 @attrs.frozen
@@ -129,6 +131,16 @@ class ParamsResult:
     precision: str  # the precision bytes_at_precision assumes: fp32/tf32 4 bytes, fp16/bf16 2, fp8/int8 1
 
 
+def _one_of(*choices: str) -> Callable[[Any, Any, Any], None]:
+    """An attrs validator whose error is one readable line (attrs' own ``in_`` repeats the whole attribute)."""
+
+    def check(_instance: Any, attribute: Any, value: Any) -> None:
+        if value not in choices:
+            raise ValueError(f"{attribute.name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+
+    return check
+
+
 @attrs.frozen
 class CountOptions:
     """Options of ``count_flops`` (``[options.count_flops]``); ``estimate_traffic`` shares its counting pass and these."""
@@ -141,6 +153,12 @@ class CountOptions:
     batch_size: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
     top_k: int = attrs.field(default=20, validator=attrs.validators.ge(1))  # operators/modules listed; the rest folded
     module_depth: int = attrs.field(default=3, validator=attrs.validators.ge(1))  # deeper module paths fold into ancestors
+    #: How the backward of a fused attention kernel (flash, efficient, cuDNN, CPU flash) is counted, with backward:
+    #: "without_recompute" (2x the forward MACs: dQ, dK, dV, dP; the work of the math path's backward, which stores
+    #: the probabilities) or "with_recompute" (adds the scores QK^T recomputed from Q and K and the probabilities from
+    #: the saved log-sum-exp, as flash and efficient kernels do; torch's FlopCounterMode convention for those kernels).
+    attention_backward: str = attrs.field(default="without_recompute", validator=_one_of("without_recompute",
+                                                                                         "with_recompute"))
 
 
 T = TypeVar("T")
@@ -161,12 +179,3 @@ def fold_largest(
     kept = {name: value for name, value in entries.items() if name in keep}
     kept[others_name] = merge([value for name, value in entries.items() if name not in keep])
     return kept
-
-
-def describe_cost_tables(per_output: Mapping[str, int], per_input: Mapping[str, int]) -> list[str]:
-    """Per-element cost tables in words, one line per (cost, element kind): the text results store as convention."""
-    by_cost: dict[tuple[str, int], list[str]] = {}
-    for table, where in ((per_output, "output"), (per_input, "input")):
-        for name, cost in table.items():
-            by_cost.setdefault((where, cost), []).append(name)
-    return [f"{cost} per {where} element: {', '.join(names)}" for (where, cost), names in by_cost.items()]

@@ -22,8 +22,9 @@ from typing import Any, Callable
 
 import attrs
 
+from rpx_core import cost_table
 from rpx_core.errors import UnsupportedError
-from rpx_core.types.counts import ROOT_MODULE, describe_cost_tables
+from rpx_core.types.counts import ROOT_MODULE
 from rpx_plugins.jax.backend import is_floating
 
 MATRIX_PRIMITIVES = ("dot_general", "conv_general_dilated")
@@ -33,27 +34,29 @@ CALL_JAXPR = {
     "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "scan": "jaxpr",
 }
 
-#: FLOPs per OUTPUT element of elementwise primitives, as torch's PER_OUTPUT_ELEMENT: arithmetic, comparisons,
-#: selects and each transcendental (exp, log, tanh, erf, rsqrt, ...) 1.
-PER_OUTPUT_ELEMENT: dict[str, int] = {
-    **dict.fromkeys(
-        (
-            "add", "add_any", "sub", "mul", "div", "rem", "neg", "abs", "sign", "max", "min", "clamp", "pow", "square",
-            "sqrt", "rsqrt", "cbrt", "exp", "exp2", "expm1", "log", "log1p", "sin", "cos", "tan", "tanh", "asin",
-            "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erf_inv", "floor",
-            "ceil", "round", "is_finite", "select_n", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor",
-        ),
-        1,
-    ),
-    "logistic": 4,  # sigmoid: negate, exp, add, divide (torch's sigmoid)
-}
-#: FLOPs per INPUT element of reductions and cumulative ops along an axis, as torch's PER_INPUT_ELEMENT.
-PER_INPUT_ELEMENT: dict[str, int] = dict.fromkeys(
+#: Elementwise primitives by the shared cost table's name for what they do (rpx_core.cost_table, costed per OUTPUT
+#: element, as the torch counter): arithmetic, comparisons, selects and each transcendental 1, logistic (sigmoid) 4.
+PER_OUTPUT_ELEMENT: dict[str, int] = cost_table.select(
+    cost_table.PER_OUTPUT_ELEMENT,
     (
-        "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor", "argmax",
-        "argmin", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp",
+        "add", "sub", "mul", "div", "neg", "abs", "sign", "clamp", "pow", "square", "sqrt", "rsqrt", "exp", "exp2",
+        "expm1", "log", "log1p", "sin", "cos", "tan", "tanh", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh",
+        "acosh", "atanh", "erf", "erfc", "floor", "ceil", "round", "eq", "ne", "lt", "le", "gt", "ge",
     ),
-    1,
+    {
+        "add_any": "add", "rem": "fmod", "max": "maximum", "min": "minimum", "cbrt": "pow", "erf_inv": "erfinv",
+        "is_finite": "isfinite", "select_n": "where", "and": "bitwise_and", "or": "bitwise_or", "not": "bitwise_not",
+        "xor": "bitwise_xor", "logistic": "sigmoid",
+    },
+)
+#: Reductions and cumulative ops along an axis, costed per INPUT element by the shared table (1 each).
+PER_INPUT_ELEMENT: dict[str, int] = cost_table.select(
+    cost_table.PER_INPUT_ELEMENT,
+    ("argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin"),
+    {
+        "reduce_sum": "sum", "reduce_max": "amax", "reduce_min": "amin", "reduce_prod": "prod", "reduce_and": "all",
+        "reduce_or": "any", "reduce_xor": "any", "cumlogsumexp": "logcumsumexp",
+    },
 )
 #: Windowed reductions (pooling): window volume per output element, torch's pooling convention.
 WINDOW_REDUCTIONS = frozenset({"reduce_window_sum", "reduce_window_max", "reduce_window_min"})
@@ -70,7 +73,7 @@ DATA_MOVEMENT = frozenset(
 
 def other_flops_convention() -> str:
     """The per-element tables behind ``other_flops``, in words (stored with every result)."""
-    lines = describe_cost_tables(PER_OUTPUT_ELEMENT, PER_INPUT_ELEMENT)
+    lines = cost_table.describe(PER_OUTPUT_ELEMENT, PER_INPUT_ELEMENT)
     return "; ".join(
         [
             *lines,

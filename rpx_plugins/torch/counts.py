@@ -26,15 +26,35 @@ def handles(ctx: StageContext) -> bool:
     return ctx.backend.framework == "torch"
 
 
+#: Precisions torch cannot execute, counted on meta with a 2-byte stand-in precision (the same operators and shapes,
+#: so the same FLOPs) whose floating tensors are priced at the precision's own element size (1 byte).
+STAND_INS = {"fp8": "bf16", "int8": "bf16"}
+
+
+def counted_precision(precision: str) -> str:
+    """The precision the counted pass runs at: the precision itself, or its stand-in (STAND_INS)."""
+    return STAND_INS.get(precision, precision)
+
+
+def element_sizes(precision: str) -> dict[Any, int] | None:
+    """The stand-in dtype -> the precision's element size, for a precision counted with a stand-in; else None."""
+    if precision not in STAND_INS:
+        return None
+    from rpx_core.precision import BYTES_PER_ELEMENT
+    from rpx_plugins.torch.backend import torch_dtype
+
+    return {torch_dtype(STAND_INS[precision]): BYTES_PER_ELEMENT[precision]}
+
+
 def meta_model(ctx: StageContext) -> Any:
-    """The job's model built on the meta device at the job's precision, once per job."""
+    """The job's model built on the meta device at the job's precision (or its stand-in), once per job."""
     if "meta_model" not in ctx.cache:
         from rpx_plugins.torch.backend import torch_dtype
         from rpx_plugins.torch.counter import build_on_meta
 
         factory = load_callable(ctx.job.model.source, what=f"model {ctx.job.model.name!r}")
         model = build_on_meta(factory, **ctx.job.model.kwargs)
-        ctx.cache["meta_model"] = model.eval().to(dtype=torch_dtype(ctx.job.precision))
+        ctx.cache["meta_model"] = model.eval().to(dtype=torch_dtype(counted_precision(ctx.job.precision)))
     return ctx.cache["meta_model"]
 
 
@@ -44,9 +64,10 @@ def given_object(ctx: StageContext) -> tuple[Any, str]:
 
     model = ctx.model_object
     floating = [p for p in model.parameters() if p.is_floating_point()]
-    if floating and floating[0].dtype != torch_dtype(ctx.job.precision):
-        raise UnsupportedError(f"the model object holds {floating[0].dtype} weights but precision is {ctx.job.precision!r}; "
-                               "cast the model or pass the matching precision")
+    expected = torch_dtype(counted_precision(ctx.job.precision))
+    if floating and floating[0].dtype != expected:
+        raise UnsupportedError(f"the model object holds {floating[0].dtype} weights but precision is {ctx.job.precision!r} "
+                               f"(counted with {expected} weights); cast the model or pass the matching precision")
     return model, (str(floating[0].device) if floating else ctx.job.device)
 
 
@@ -66,12 +87,16 @@ def counted_where_asked(ctx: StageContext, options: CountOptions) -> tuple[Any, 
     if ctx.model_object is not None:
         model, device = given_object(ctx)
         return count_pass(ctx, model, device, options), None
+    stand_in = ctx.job.precision in STAND_INS
     if options.count_on == "device":
+        if stand_in:
+            raise UnsupportedError(f"precision {ctx.job.precision!r} is counted on the meta device only (torch backends "
+                                   "cannot execute it); set [options.count_flops] count_on = \"meta\" or \"auto\"")
         return count_pass(ctx, ctx.model(), ctx.job.device, options), None
     try:
         return count_pass(ctx, meta_model(ctx), "meta", options), None
     except META_FAILURES as error:
-        if options.count_on == "meta" or ctx.job.model.meta_only:
+        if options.count_on == "meta" or ctx.job.model.meta_only or stand_in:
             raise
         ctx.cache.pop("meta_model", None)
         report = count_pass(ctx, ctx.model(), ctx.job.device, options)
@@ -90,10 +115,12 @@ def count_pass(ctx: StageContext, model: Any, device: str, options: CountOptions
     from rpx_plugins.torch.backend import make_inputs
     from rpx_plugins.torch.counter import count_model
 
-    args, kwargs = make_inputs(ctx.job.model, options.batch_size, ctx.job.precision, device)
+    precision = ctx.job.precision
+    args, kwargs = make_inputs(ctx.job.model, options.batch_size, counted_precision(precision), device)
     with torch.no_grad():
         return count_model(model, args, kwargs, backward=options.backward, top_k=options.top_k,
-                           module_depth=options.module_depth)
+                           module_depth=options.module_depth, formulas=ctx.plugins.op_formulas(),
+                           attention_backward=options.attention_backward, element_sizes=element_sizes(precision))
 
 
 @hookimpl(trylast=True)

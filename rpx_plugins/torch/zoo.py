@@ -1,8 +1,8 @@
-"""Small built-in example models, built from code (no weights downloaded, no transformers dependency).
+"""Built-in example models, built from code (no weights downloaded, no transformers dependency).
 
-They give specs and tests models whose FLOPs can be checked by hand, and a Llama-2-shaped decoder whose 70B preset
-counts on the meta device. Every model has ``example_inputs(...)`` returning a tuple of inputs on the model's device
-(meta models get meta inputs). This module imports torch: import it lazily.
+They give specs and tests models whose FLOPs can be checked by hand, a Llama-2-shaped decoder whose 70B preset
+counts on the meta device, and ResNet-50. Every model has ``example_inputs(...)`` returning a tuple of inputs on the
+model's device (meta models get meta inputs). This module imports torch: import it lazily.
 """
 
 from __future__ import annotations
@@ -268,3 +268,59 @@ def llama(preset: str = "tiny") -> Llama:
         raise ValueError(f"unknown llama preset {preset!r}; known: {', '.join(LLAMA_PRESETS)}")
     return Llama(LLAMA_PRESETS[preset])
 
+
+
+class _Bottleneck(nn.Module):
+    """ResNet v1.5 bottleneck: 1x1 reduce, 3x3 (stride here), 1x1 expand by 4, each with batch norm; a projected
+    shortcut where the shape changes."""
+
+    def __init__(self, in_channels: int, width: int, stride: int) -> None:
+        super().__init__()
+        out_channels = 4 * width
+        self.body = nn.Sequential(
+            nn.Conv2d(in_channels, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels),
+        )
+        self.shortcut = nn.Identity()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False), nn.BatchNorm2d(out_channels)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.body(x) + self.shortcut(x))
+
+
+class ResNet50(nn.Module):
+    """ResNet-50 (He et al., v1.5 strides as torchvision's ``resnet50``: 25,557,032 parameters at 1,000 classes).
+
+    Input: float32 images (batch, 3, 224, 224). Output: float32 logits (batch, classes).
+    """
+
+    def __init__(self, classes: int = 1000) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [
+            nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, stride=2, padding=1),
+        ]
+        in_channels = 64
+        for stage, (width, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+            for block in range(blocks):
+                stride = 2 if stage > 0 and block == 0 else 1
+                layers.append(_Bottleneck(in_channels, width, stride))
+                in_channels = 4 * width
+        self.features = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(in_channels, classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.pool(self.features(images)).flatten(1))
+
+    def example_inputs(self, batch: int = 1, size: int = 224) -> tuple[torch.Tensor]:
+        return (torch.randn(batch, 3, size, size, device=_device_of(self)),)
+
+
+def resnet50(classes: int = 1000) -> ResNet50:
+    return ResNet50(classes)

@@ -8,6 +8,7 @@
 * ``rpx_register_stages`` + ``rpx_weights_report``: a new stage, ``weights_report``, which needs ``count_params``,
   takes options, returns its own result type and contributes a summary field. Its implementation is ``trylast``, so
   another plugin can override it for its own backend, exactly like a built-in stage.
+* ``rpx_register_op_formulas``: a FLOP formula for a custom operator, ``example::fused_gelu`` (defined in ``ops``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from rpx_core.plugin import Availability, CpuBackend, ParamsResult, Stage, StageContext, hookimpl
+from rpx_core.plugin import Availability, CpuBackend, OpFormula, ParamsResult, Stage, StageContext, cost_table, hookimpl
 
 
 class OneThreadCpuBackend(CpuBackend):
@@ -111,3 +112,18 @@ def rpx_weights_report(ctx: StageContext) -> WeightsReport:
     unit = ctx.options("weights_report").unit
     scale = 1e6 if unit == "MB" else 2**20
     return WeightsReport(unit=unit, weights=params.bytes_at_precision / scale, precision=params.precision)
+
+
+# -- operator formulas: pricing a custom operator ----------------------------------------------------------------------
+
+
+@hookimpl
+def rpx_register_op_formulas() -> list:
+    """Price ``example::fused_gelu`` (the erf-form GELU as one operator), which rpx's counter has no formula for.
+
+    The operator is named as a string with the module that defines it (``library``), which rpx imports only when a
+    torch count starts, so loading this plugin (``rpx plugins``) never imports torch. The formula uses rpx's
+    per-element cost of GELU, so the figure matches an unfused GELU's.
+    """
+    gelu = cost_table.GELU_ERF
+    return [OpFormula("example::fused_gelu", flops=lambda call: gelu * call.out_numel(), library="rpx_example_plugin.ops")]
