@@ -40,6 +40,8 @@ REQUIREMENTS = ROOT / "scripts" / "gpu_requirements.txt"
 NO_GPU, ENVIRONMENT, FAILED = 3, 2, 1
 PRECISIONS = {"cuda": ("fp32", "tf32", "fp16", "bf16"), "mps": ("fp32", "fp16", "bf16")}
 DEVICE_TESTS = {"cuda": ["tests/test_cuda_backend.py", "tests/test_system_card.py"], "mps": ["tests/test_mps_backend.py"]}
+PROFILE_SPEC = ROOT / "specs" / "gpu_check.toml"
+BATCH_SEARCH_SPEC = ROOT / "specs" / "gpu_batch_search.toml"
 LOGIC_TESTS = ["tests/test_cuda_backend.py", "tests/test_mps_backend.py", "tests/test_batch_search_gpu.py"]
 
 
@@ -156,14 +158,14 @@ def gpu_present(device: str) -> tuple[bool, str]:
     return True, "Apple GPU (MPS)"
 
 
-def profile_lines(report: Report, out: Path, device: str) -> None:
+def profile_lines(report: Report, out: Path, device: str, precisions: tuple[str, ...]) -> None:
     """specs/gpu_check.toml at each precision; the measured p50 against the recognised GPU's roofline bound."""
     import attrs
 
     from rpx_core.api import load_spec, run_spec
 
-    spec = load_spec(ROOT / "specs" / "gpu_check.toml")
-    for precision in PRECISIONS[device]:
+    spec = load_spec(PROFILE_SPEC)
+    for precision in precisions:
         path = out / f"gpu-check-{precision}.toml"
         started = time.perf_counter()
         run = run_spec(attrs.evolve(spec, backend=device, device=f"{device}:0" if device == "cuda" else device,
@@ -200,7 +202,7 @@ def batch_search_lines(report: Report, out: Path, device: str) -> None:
 
     from rpx_core.api import load_spec, run_spec
 
-    spec = load_spec(ROOT / "specs" / "gpu_batch_search.toml")
+    spec = load_spec(BATCH_SEARCH_SPEC)
     path = out / "gpu-batch-search.toml"
     spec = attrs.evolve(spec, backend=device, device=f"{device}:0" if device == "cuda" else device, output=str(path))
     started = time.perf_counter()
@@ -284,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.logic_tests:
         pytest_line(report, "logic tests of the GPU modules", ["-m", "not cuda", *args.logic_tests], gpu=True)
     if present:
-        profile_lines(report, args.out, args.device)
+        profile_lines(report, args.out, args.device, PRECISIONS[args.device])
         batch_search_lines(report, args.out, args.device)
     else:
         for name in ("profile at " + ", ".join(PRECISIONS[args.device]), "latency vs roofline", "batch search",
