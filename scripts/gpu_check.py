@@ -144,6 +144,9 @@ def pytest_line(report: Report, name: str, args: list[str], gpu: bool) -> None:
     else:
         report.line("PASS" if done.returncode == 0 else "FAIL", name, f"{summary} (pytest, {seconds:.0f} s wall)",
                     output=done.stdout[-4000:] + done.stderr[-2000:])  # fmt: skip
+        if done.returncode != 0:  # what failed, on the console too: a node's output may be all the reviewer gets
+            for line in (done.stdout + done.stderr).strip().splitlines()[-25:]:
+                print(f"    {line}", flush=True)
 
 
 def gpu_present(device: str) -> tuple[bool, str]:

@@ -7,8 +7,8 @@ are resident together). Before each measured region (each stage of a sequential 
 backend gives back what its allocator caches (``release_cached_memory``): a caching allocator's reserved peak
 otherwise starts from what the previous stage or trial left cached, and one trial's cache would count against
 every later, smaller one. Concurrent stages run in one thread each, each inside the backend's
-``concurrent_worker`` (its own CUDA stream), so they overlap on the device. Inputs are made fresh for each trial and dropped after it (``ctx.inputs`` would cache every
-size tried and inflate later trials). A trial that raises the backend's out-of-memory error is recorded as "oom",
+``concurrent_worker`` (its own CUDA stream), so they overlap on the device. Inputs are made fresh for each trial
+and dropped after it (``ctx.inputs`` would cache every size tried and inflate later trials). A trial that raises the backend's out-of-memory error is recorded as "oom",
 every reference to its inputs and outputs is dropped, and the backend recovers before the next trial; any other
 exception is a real failure and ends the stage.
 """
