@@ -302,6 +302,15 @@ def test_latency_on_the_fake_gpu_is_the_modelled_kernel_time(gpu):
     assert peak.peak_bytes >= 50 * MB and peak.outside_allocator_bytes == 400 * MB and not peak.sampled
 
 
+def test_on_a_torch_without_get_per_process_memory_fraction(gpu, monkeypatch):
+    """Older torch cannot report the cap; a process starts uncapped, so lifting the budget puts back 1.0."""
+    monkeypatch.delattr(torch.cuda, "get_per_process_memory_fraction")
+    backend = CudaBackend()
+    backend.set_memory_budget("cuda:0", 4 * 10**9)
+    backend.set_memory_budget("cuda:0", None)
+    assert gpu.fractions == [4 * 10**9 / gpu.allocator.total_bytes, 1.0]
+
+
 # -- real GPU ------------------------------------------------------------------------------------------------------------
 
 
@@ -371,3 +380,4 @@ def test_latency_stage_on_the_gpu(precision):
     assert 0 < result.p50_ms < 50 and result.unclaimed_percentiles == ("p99",)
     assert result.peak_memory.peak_bytes > 0 and not result.peak_memory.sampled
     assert result.throughput[1].samples_per_s > result.throughput[0].samples_per_s
+

@@ -149,3 +149,18 @@ def test_memory_is_never_sampled_while_a_call_is_timed(mps, monkeypatch):
     assert result.samples_count == 20 and result.peak_memory.sampled
     assert result.peak_memory.peak_bytes >= 50 * MB and result.peak_memory.method == mps_backend.PEAK_METHOD
     assert reads_inside == []
+
+
+def test_on_a_torch_without_the_newer_mps_calls(mps, monkeypatch):
+    """torch before 2.5 has no recommended_max_memory (and older ones no get_name/get_core_count): budgets are then
+    not enforced, and fractional budgets cannot be resolved, rather than failing on a missing attribute."""
+    for name in ("recommended_max_memory",):
+        monkeypatch.delattr(torch.mps, name)
+    for name in ("get_name", "get_core_count"):
+        monkeypatch.delattr(torch.backends.mps, name)
+    backend = MpsBackend()
+    assert backend.device_memory_bytes("mps") is None
+    assert backend.set_memory_budget("mps", 10**9) is False and mps.fractions == []
+    from rpx_plugins.system_card import sysctl
+
+    assert backend.device_name("mps") == sysctl("machdep.cpu.brand_string")  # macOS's name for the chip; None elsewhere
