@@ -161,6 +161,4 @@ def test_on_a_torch_without_the_newer_mps_calls(mps, monkeypatch):
     backend = MpsBackend()
     assert backend.device_memory_bytes("mps") is None
     assert backend.set_memory_budget("mps", 10**9) is False and mps.fractions == []
-    from rpx_plugins.system_card import sysctl
-
-    assert backend.device_name("mps") == sysctl("machdep.cpu.brand_string")  # macOS's name for the chip; None elsewhere
+    assert backend.device_name("mps") is None  # no name rather than a guess

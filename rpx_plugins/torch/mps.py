@@ -46,13 +46,12 @@ def mps_memory() -> tuple[int, int]:
 
 def mps_device_name() -> str | None:
     """E.g. "Apple M2 Max 38-core GPU" (GPU core counts tell apart chips sold with several), from
-    ``torch.backends.mps.get_name`` / ``get_core_count`` where torch has them, else the chip from macOS's sysctl."""
+    ``torch.backends.mps.get_name`` / ``get_core_count``; None on a torch without them (the system card then names
+    the GPU after the host's chip)."""
     import torch
 
-    from rpx_plugins.system_card import sysctl
-
     mps = torch.backends.mps
-    chip = mps.get_name() if hasattr(mps, "get_name") else sysctl("machdep.cpu.brand_string")
+    chip = mps.get_name() if hasattr(mps, "get_name") else None
     if not chip:
         return None
     cores = mps.get_core_count() if hasattr(mps, "get_core_count") else None
