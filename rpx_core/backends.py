@@ -146,6 +146,16 @@ class Backend:
     def reset_peak_memory(self, device: str) -> None:
         """Start a new measured region for ``read_peak_memory``."""
 
+    def release_cached_memory(self, device: str) -> None:
+        """Give back memory the runtime's allocator caches but no live object uses, so that the next region's
+        reserved peak is its own and not what an earlier region left cached (batch_search calls it before each
+        trial; latency does not, as a timed call must not pay for re-allocating)."""
+
+    def concurrent_worker(self, device: str) -> contextlib.AbstractContextManager:
+        """Entered by each thread of a region whose threads should run at the same time on the device (concurrent
+        batch_search stages): CUDA gives the thread a stream of its own; the default does nothing."""
+        return contextlib.nullcontext()
+
     def read_peak_memory(self, device: str) -> MemoryPeak:
         return MemoryPeak(method=f"unsupported: backend {self.name!r} has no peak-memory read-out")
 

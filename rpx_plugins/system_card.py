@@ -149,7 +149,8 @@ def uses(runtime: str, framework: str | None) -> bool:
 class Accelerators:
     cards: tuple[AcceleratorCard, ...] = ()
     probed: bool = False  # False when no runtime or NVML was asked, so "no accelerator" is unknown rather than known
-    cuda_version: str | None = None
+    cuda_version: str | None = None  # the newest CUDA the installed driver supports
+    cuda_build_version: str | None = None  # the CUDA torch was built with
     cudnn_version: str | None = None
     driver_version: str | None = None
     gaps: tuple[str, ...] = ()
@@ -169,8 +170,33 @@ def normalize_uuid(uuid: Any) -> str:
     return text.lower().removeprefix("gpu-")
 
 
+def format_cuda_version(version: int) -> str:
+    """CUDA's integer version (1000 x major + 10 x minor, e.g. 12040) as "12.4"."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def libcuda_driver_version() -> int | None:
+    """``cuDriverGetVersion`` from the NVIDIA driver's own library (no NVML, no CUDA context needed); None where the
+    library is not installed."""
+    import ctypes
+    import ctypes.util
+
+    for name in ("libcuda.so.1", "libcuda.dylib", "nvcuda.dll", ctypes.util.find_library("cuda")):
+        if not name:
+            continue
+        try:
+            library = ctypes.CDLL(name)
+        except OSError:
+            continue
+        version = ctypes.c_int()
+        if library.cuDriverGetVersion(ctypes.byref(version)) == 0:
+            return version.value
+    return None
+
+
 def torch_accelerators() -> Accelerators:
-    """CUDA devices (and the versions torch was built with) and the MPS device, as torch sees them."""
+    """CUDA devices (with the CUDA torch was built with and the CUDA the driver supports) and the MPS device, as torch
+    sees them."""
     import torch
 
     cards = []
@@ -190,10 +216,24 @@ def torch_accelerators() -> Accelerators:
                 )
             )
     if torch.backends.mps.is_available():
-        memory = torch.mps.recommended_max_memory() / 1e9
-        cards.append(AcceleratorCard(kind="mps", index=0, name=f"{cpu_model_name()} GPU", memory_capacity_gb=round(memory, 2)))
+        from rpx_plugins.torch.mps import MpsBackend, mps_device_name
+
+        memory = MpsBackend().device_memory_bytes("mps")
+        cards.append(AcceleratorCard(
+            kind="mps", index=0, name=mps_device_name() or f"{cpu_model_name()} GPU",
+            memory_capacity_gb=round(memory / 1e9, 2) if memory is not None else None,
+        ))  # fmt: skip
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    return Accelerators(tuple(cards), True, torch.version.cuda, str(cudnn) if cudnn else None)
+    gaps = ()
+    driver_cuda = None
+    if torch.version.cuda is not None:
+        found = libcuda_driver_version()
+        driver_cuda = format_cuda_version(found) if found is not None else None
+        if driver_cuda is None:
+            gaps = ("CUDA driver version: the NVIDIA driver library (libcuda) could not be loaded",)
+    return Accelerators(
+        tuple(cards), True, driver_cuda, torch.version.cuda, str(cudnn) if cudnn else None, gaps=gaps
+    )
 
 
 def nvml_device(pynvml: Any, handle: Any) -> dict[str, Any]:
@@ -231,30 +271,39 @@ def nvml_device(pynvml: Any, handle: Any) -> dict[str, Any]:
     return {key: value for key, value in fields.items() if value is not None}
 
 
-def nvml_devices() -> tuple[str | None, list[dict[str, Any]], str | None]:
-    """(driver version, per-device fields in NVML order, why NVML could not be read or None)."""
+def nvml_devices() -> tuple[str | None, str | None, list[dict[str, Any]], str | None]:
+    """(driver version, the CUDA version the driver supports, per-device fields in NVML order, why NVML could not be
+    read or None)."""
     try:
         import pynvml
     except ImportError:
-        return None, [], "nvidia-ml-py is not installed (pip install nvidia-ml-py): driver version, clocks and power limits omitted"
+        return None, None, [], "nvidia-ml-py is not installed (pip install nvidia-ml-py): driver version, clocks and power limits omitted"
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
-        return None, [], f"NVML could not start: {exc}"
+        return None, None, [], f"NVML could not start: {exc}"
     try:
         driver = pynvml.nvmlSystemGetDriverVersion()
         devices = [nvml_device(pynvml, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+        cuda = getattr(pynvml, "nvmlSystemGetCudaDriverVersion_v2", None) or pynvml.nvmlSystemGetCudaDriverVersion
+        try:
+            driver_cuda = format_cuda_version(cuda())
+        except pynvml.NVMLError:
+            driver_cuda = None
     finally:
         pynvml.nvmlShutdown()
-    return (driver.decode() if isinstance(driver, bytes) else driver), devices, None
+    return (driver.decode() if isinstance(driver, bytes) else driver), driver_cuda, devices, None
 
 
 def with_nvml(found: Accelerators) -> Accelerators:
     """Add NVML's driver version, clocks and power limits, matching devices by UUID (CUDA and NVML order may differ)."""
-    driver, devices, problem = nvml_devices()
+    driver, driver_cuda, devices, problem = nvml_devices()
     if problem is not None:
         needed = any(card.kind == "cuda" for card in found.cards)
         return attrs.evolve(found, gaps=(*found.gaps, problem)) if needed else found
+    if driver_cuda is not None:  # NVML's answer wins; the libcuda gap, if any, no longer applies
+        gaps = tuple(gap for gap in found.gaps if not gap.startswith("CUDA driver version"))
+        found = attrs.evolve(found, cuda_version=driver_cuda, gaps=gaps)
     by_uuid = {device.get("uuid"): device for device in devices}
     if not found.probed:  # no CUDA runtime asked: NVML's own list, in NVML's order
         cards = tuple(AcceleratorCard(kind="cuda", index=i, **fields) for i, fields in enumerate(devices) if "name" in fields)
@@ -324,6 +373,7 @@ def machine_card(framework: str | None = None) -> SystemCard:
         host_memory_capacity_gb=round(psutil.virtual_memory().total / 1e9, 2),
         framework_versions=framework_versions(),
         cuda_version=found.cuda_version,
+        cuda_build_version=found.cuda_build_version,
         cudnn_version=found.cudnn_version,
         accelerator_driver_version=found.driver_version,
         accelerator_model_name=", ".join(dict.fromkeys(card.name for card in found.cards)) or None,

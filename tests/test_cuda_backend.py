@@ -26,6 +26,7 @@ from rpx_plugins.torch.cuda import (
     describe_devices,
     device_index,
 )
+from tests.fake_gpu import MB, TOKENS, FakeGpu, SimulatedModel
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch.cuda.is_available() is False)")
 MIB = 1024 * 1024
@@ -114,8 +115,16 @@ NEW_TF32_API = hasattr(torch.backends.cudnn, "conv")  # torch 2.9+: per-operatio
             "torch.backends.cuda.matmul.fp32_precision = 'tf32'; torch.backends.cudnn.conv.fp32_precision = 'ieee'",
             marks=pytest.mark.skipif(not NEW_TF32_API, reason="torch before 2.9 has no fp32_precision settings"),
         ),
+        pytest.param(  # the legacy matmul precision is then refused, though cuBLAS's allow_tf32 still reads
+            "torch.backends.mkldnn.matmul.fp32_precision = 'tf32'",
+            marks=pytest.mark.skipif(not NEW_TF32_API, reason="torch before 2.9 has no fp32_precision settings"),
+        ),
+        pytest.param(
+            "torch.backends.cuda.matmul.fp32_precision = 'ieee'; torch.backends.fp32_precision = 'tf32'",
+            marks=pytest.mark.skipif(not NEW_TF32_API, reason="torch before 2.9 has no fp32_precision settings"),
+        ),
     ],
-    ids=["defaults", "medium matmul precision", "legacy flags", "new API"],
+    ids=["defaults", "medium matmul precision", "legacy flags", "new API", "new API, oneDNN only", "new API, nested"],
 )
 def test_tf32_switches_are_set_inside_and_put_back_after(setup):
     root = Path(__file__).resolve().parents[1]
@@ -136,8 +145,11 @@ def test_tf32_switches_are_set_inside_and_put_back_after(setup):
         assert {key: value for key, value in after.items() if before[key] != "refused"} == {
             key: value for key, value in before.items() if value != "refused"
         }
-    if "fp32_precision" in setup:
+        assert after == before  # refusals included: nothing torch reported is refused afterwards, nor the reverse
+    if "cudnn.conv" in setup:
         assert before["backends.cuda.matmul.allow_tf32"] == "refused"  # the premise: the mixed state torch refuses
+    if "mkldnn" in setup:  # the premise: a legacy value rpx cannot read, beside one it can
+        assert before["get_float32_matmul_precision"] == "refused" and before["backends.cuda.matmul.allow_tf32"] is False
 
 
 def test_switches_are_put_back_when_the_last_of_overlapping_users_leaves():
@@ -187,6 +199,116 @@ def test_cuda_out_of_memory_is_recognised_directly_and_wrapped():
     with pytest.raises(RuntimeError) as cpu_oom:
         torch.empty(10**15, dtype=torch.uint8)
     assert not backend.is_out_of_memory(cpu_oom.value)  # the host ran out, not the GPU
+
+
+def test_cuda_library_allocation_failures_are_out_of_memory():
+    backend = CudaBackend()
+    for message in (
+        "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+        "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+        "cuFFT error: CUFFT_ALLOC_FAILED",
+        "cusolver error: CUSOLVER_STATUS_ALLOC_FAILED, when calling `cusolverDnCreate(handle)`",
+    ):
+        assert backend.is_out_of_memory(RuntimeError(message)), message
+    assert not backend.is_out_of_memory(RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED"))
+
+
+# -- logic against the fake GPU (tests/fake_gpu.py): torch.cuda's API is the fake's, everything above is rpx's -------
+
+
+@pytest.fixture
+def gpu(monkeypatch) -> FakeGpu:
+    return FakeGpu("cuda", total_bytes=16 * 10**9, context_bytes=400 * MB).install(monkeypatch)
+
+
+def test_budget_on_a_device_without_an_index(gpu):
+    """``device = "cuda"``: torch's set_per_process_memory_fraction refuses a device without an index."""
+    backend = CudaBackend()
+    assert backend.set_memory_budget("cuda", 4 * 10**9)
+    assert gpu.allocator.cap_bytes == 4 * 10**9
+    assert backend.set_memory_budget("cuda", None)
+    assert gpu.allocator.cap_bytes == gpu.allocator.total_bytes
+
+
+def test_lifting_the_budget_puts_back_the_users_cap(gpu):
+    torch.cuda.set_per_process_memory_fraction(0.5, 0)  # the user's own cap, set before rpx runs
+    backend = CudaBackend()
+    backend.set_memory_budget("cuda:0", 2 * 10**9)
+    backend.set_memory_budget("cuda:0", 3 * 10**9)  # a second budget: the user's cap is still the one to put back
+    backend.set_memory_budget("cuda:0", None)
+    assert torch.cuda.get_per_process_memory_fraction(0) == 0.5
+
+
+def test_budget_is_a_real_out_of_memory_that_recovery_clears(gpu):
+    backend = CudaBackend()
+    backend.set_memory_budget("cuda:0", 2 * 10**9)
+    kept = gpu.buffer(1500 * MB)
+    with pytest.raises(torch.cuda.OutOfMemoryError) as caught:
+        gpu.buffer(1000 * MB)  # 2.5 GB reserved would cross the 2 GB cap
+    assert backend.is_out_of_memory(caught.value)
+    del kept
+    assert torch.cuda.memory_reserved(0) > 0  # freed into the cache, still reserved
+    backend.recover_from_oom("cuda:0")
+    assert torch.cuda.memory_reserved(0) == 0
+    gpu.buffer(1900 * MB)  # fits once the cache is gone
+
+
+def test_a_regions_reserved_peak_is_its_own_after_releasing_the_cache(gpu):
+    """The caching allocator keeps what an earlier region freed: without releasing it, the next region's reserved peak
+    starts there."""
+    backend = CudaBackend()
+    earlier = gpu.buffer(3000 * MB)
+    del earlier
+    backend.reset_peak_memory("cuda:0")
+    gpu.buffer(100 * MB)
+    assert backend.read_peak_memory("cuda:0").reserved_bytes >= 3000 * MB  # the premise: the cache counts
+    earlier = gpu.buffer(3000 * MB)
+    del earlier
+    backend.release_cached_memory("cuda:0")
+    backend.reset_peak_memory("cuda:0")
+    region = gpu.buffer(100 * MB)
+    peak = backend.read_peak_memory("cuda:0")
+    # 100 MB in a segment rounded up to 2 MiB; the 0.66 MB left is under 1 MiB, too small to split off
+    assert peak.peak_bytes == peak.reserved_bytes == 48 * 2**21 > region.nbytes
+    assert peak.outside_allocator_bytes == 400 * MB  # the context
+
+
+def test_timer_waits_for_its_own_stream_only(gpu):
+    backend = CudaBackend()
+    model = SimulatedModel(gpu, 10 * MB, (1 * MB,), seconds_per_call=2e-3, seconds_per_sample=0)
+    with backend.concurrent_worker("cuda:0"):
+        stream = torch.cuda.current_stream()
+        timer = backend.timer("cuda:0")
+        x = TOKENS(batch_size=1, device="cuda:0", dtype=None)
+        timer.start()
+        for _ in range(5):
+            model(x)
+        assert timer.stop() == pytest.approx(5 * 2e-3)  # the kernels' modelled device time, from the events
+    assert stream is not gpu.default_stream
+    assert gpu.device_syncs("MainThread") == 0
+    assert gpu.kernel_streams("MainThread") == {"MainThread": {stream.name}}
+
+
+def test_latency_on_the_fake_gpu_is_the_modelled_kernel_time(gpu):
+    """The real latency stage on the cuda backend: each sample is one call's device time between two events."""
+    model = SimulatedModel(gpu, 50 * MB, (2 * MB, 2 * MB), seconds_per_call=3e-3, seconds_per_sample=1e-4)
+    spec = ModelSpec(name="sim", source="tests:fake", input_factory="tests.fake_gpu:TOKENS")
+    options = LatencyOptions(warmup_calls=3, warmup_seconds=0.0, min_samples=64, throughput_seconds=0.01)
+    job = Job(spec, "cuda", "cuda:0", "fp16", ("measure_latency",), {"measure_latency": options}, (), (1, 8))
+    result = measure_latency(StageContext(job, CudaBackend(), plugins=None, gpu_catalog=None, model_object=model))
+    assert result.p50_ms == pytest.approx(3.1) and result.min_ms == pytest.approx(result.max_ms)
+    assert result.throughput[1].samples_per_s == pytest.approx(8 / (3e-3 + 8e-4))
+    peak = result.peak_memory
+    assert peak.peak_bytes >= 50 * MB and peak.outside_allocator_bytes == 400 * MB and not peak.sampled
+
+
+def test_on_a_torch_without_get_per_process_memory_fraction(gpu, monkeypatch):
+    """Older torch cannot report the cap; a process starts uncapped, so lifting the budget puts back 1.0."""
+    monkeypatch.delattr(torch.cuda, "get_per_process_memory_fraction")
+    backend = CudaBackend()
+    backend.set_memory_budget("cuda:0", 4 * 10**9)
+    backend.set_memory_budget("cuda:0", None)
+    assert gpu.fractions == [4 * 10**9 / gpu.allocator.total_bytes, 1.0]
 
 
 # -- real GPU ------------------------------------------------------------------------------------------------------------
@@ -258,3 +380,4 @@ def test_latency_stage_on_the_gpu(precision):
     assert 0 < result.p50_ms < 50 and result.unclaimed_percentiles == ("p99",)
     assert result.peak_memory.peak_bytes > 0 and not result.peak_memory.sampled
     assert result.throughput[1].samples_per_s > result.throughput[0].samples_per_s
+

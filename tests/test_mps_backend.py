@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 
 import pytest
 import torch
 
+from rpx_core.context import Job, StageContext
+from rpx_core.gpus import GPUCatalog, load_pack
+from rpx_core.spec import ModelSpec
+from rpx_core.types.latency import LatencyOptions
+from rpx_plugins.latency import measure_latency
+from rpx_plugins.reference_gpus import reference_pack_path
 from rpx_plugins.torch import mps as mps_backend
 from rpx_plugins.torch.mps import MpsBackend
+from tests.fake_gpu import MB, FakeGpu, SimulatedModel
 
 
 class ScriptedMemory:
@@ -90,3 +98,67 @@ def test_unavailable_mps_says_why():
         assert "built without MPS" in availability.reason
     else:
         assert availability.reason.startswith("no MPS device")
+
+
+def test_metal_buffer_size_refusal_is_out_of_memory():
+    assert MpsBackend().is_out_of_memory(RuntimeError("Invalid buffer size: 24.00 GB"))
+
+
+# -- against the fake GPU (tests/fake_gpu.py): torch.mps's API is the fake's, everything above is rpx's ------------------
+
+
+@pytest.fixture
+def mps(monkeypatch) -> FakeGpu:
+    return FakeGpu("mps", total_bytes=24 * 10**9, context_bytes=300 * MB, name="Apple M2 Max").install(monkeypatch)
+
+
+def test_device_is_named_so_the_catalogue_matches_it(mps):
+    backend = MpsBackend()
+    assert backend.device_name("mps") == "Apple M2 Max 38-core GPU"
+    catalog = GPUCatalog([load_pack(reference_pack_path(), provider="rpx")])
+    assert catalog.find_by_device_name(backend.device_name("mps")).name == "Apple-M2-Max-38c"
+    assert backend.availability.reason.startswith("Apple M2 Max 38-core GPU")
+
+
+def test_memory_is_never_sampled_while_a_call_is_timed(mps, monkeypatch):
+    """The real latency stage on the mps backend, with each call lasting 3 ms of host time: the sampler thread used
+    to read torch.mps's counters every millisecond during the timed calls."""
+    reads_inside: list[str] = []
+    inside = threading.Event()
+    counters = torch.mps.current_allocated_memory
+
+    def counted() -> int:
+        if inside.is_set():
+            reads_inside.append(threading.current_thread().name)
+        return counters()
+
+    class Slow(SimulatedModel):
+        def forward(self, x):
+            inside.set()
+            time.sleep(0.003)
+            out = super().forward(x)
+            inside.clear()
+            return out
+
+    monkeypatch.setattr(torch.mps, "current_allocated_memory", counted)
+    model = Slow(mps, 50 * MB, (2 * MB,))
+    spec = ModelSpec(name="sim", source="tests:fake", input_factory="tests.fake_gpu:TOKENS")
+    options = LatencyOptions(warmup_calls=2, warmup_seconds=0.0, min_samples=20, throughput_seconds=0.03)
+    job = Job(spec, "mps", "mps", "fp32", ("measure_latency",), {"measure_latency": options}, (), (1, 4))
+    result = measure_latency(StageContext(job, MpsBackend(), plugins=None, gpu_catalog=None, model_object=model))
+    assert result.samples_count == 20 and result.peak_memory.sampled
+    assert result.peak_memory.peak_bytes >= 50 * MB and result.peak_memory.method == mps_backend.PEAK_METHOD
+    assert reads_inside == []
+
+
+def test_on_a_torch_without_the_newer_mps_calls(mps, monkeypatch):
+    """torch before 2.5 has no recommended_max_memory (and older ones no get_name/get_core_count): budgets are then
+    not enforced, and fractional budgets cannot be resolved, rather than failing on a missing attribute."""
+    for name in ("recommended_max_memory",):
+        monkeypatch.delattr(torch.mps, name)
+    for name in ("get_name", "get_core_count"):
+        monkeypatch.delattr(torch.backends.mps, name)
+    backend = MpsBackend()
+    assert backend.device_memory_bytes("mps") is None
+    assert backend.set_memory_budget("mps", 10**9) is False and mps.fractions == []
+    assert backend.device_name("mps") is None  # no name rather than a guess

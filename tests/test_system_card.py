@@ -7,6 +7,7 @@ import platform
 import subprocess
 import sys
 import tomllib
+import types
 from pathlib import Path
 
 import psutil
@@ -22,6 +23,7 @@ from rpx_core.testing import make_context, run_stage
 from rpx_core.types.system_card import SystemCard
 from rpx_plugins import system_card
 from rpx_plugins.torch.cpu import CpuBackend
+from tests.fake_gpu import FakeGpu
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch.cuda.is_available() is False)")
 
@@ -88,7 +90,7 @@ def test_governor_and_frequency_are_read_or_listed_as_gaps():
 def test_torch_job_reports_torch_build_and_accelerators():
     card = system_card.machine_card("torch")
     assert card.framework_versions["torch"] == torch.__version__
-    assert card.cuda_version == torch.version.cuda
+    assert card.cuda_build_version == torch.version.cuda
     expected = (torch.cuda.device_count() if torch.cuda.is_available() else 0) + int(torch.backends.mps.is_available())
     assert card.accelerators_per_node == expected
     assert system_card.machine_card("torch") is card  # collected once per process
@@ -180,3 +182,33 @@ def test_gpu_is_described_on_a_cuda_machine():
         assert any("nvidia-ml-py" in gap for gap in card.gaps)
     else:
         assert card.accelerator_driver_version and first.power_limit_w and first.sm_clock_max_mhz
+
+
+def test_cuda_version_is_the_drivers_and_the_build_is_separate(monkeypatch):
+    """On the fake GPU (tests/fake_gpu.py) torch reports a CUDA 12.4 build; the driver is another matter: with no
+    driver library here its version is a gap, never torch's build version."""
+    FakeGpu("cuda").install(monkeypatch)
+    monkeypatch.setattr(system_card, "libcuda_driver_version", lambda: None)
+    found = system_card.torch_accelerators()
+    assert (found.cuda_build_version, found.cuda_version) == ("12.4", None)
+    assert any(gap.startswith("CUDA driver version") for gap in found.gaps)
+    assert found.cards[0].name == "NVIDIA H100 80GB HBM3"
+    monkeypatch.setattr(system_card, "libcuda_driver_version", lambda: 12080)
+    assert system_card.torch_accelerators().cuda_version == "12.8"
+
+
+def test_nvml_gives_the_drivers_cuda_version(monkeypatch):
+    class NVMLError(Exception):
+        pass
+
+    fake_nvml = types.SimpleNamespace(
+        NVMLError=NVMLError, NVML_CLOCK_SM=0, NVML_CLOCK_MEM=1,
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 0,
+        nvmlSystemGetDriverVersion=lambda: b"570.86.15", nvmlSystemGetCudaDriverVersion_v2=lambda: 12080,
+    )  # fmt: skip
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)  # NVML cannot exist without an NVIDIA driver
+    found = system_card.with_nvml(system_card.Accelerators(probed=True, cuda_build_version="12.4",
+                                                          gaps=("CUDA driver version: not loaded",)))
+    assert (found.driver_version, found.cuda_version, found.cuda_build_version) == ("570.86.15", "12.8", "12.4")
+    assert found.gaps == ()
+    assert system_card.format_cuda_version(12040) == "12.4" and system_card.format_cuda_version(11080) == "11.8"

@@ -50,7 +50,10 @@ class SystemCard:
     host_processor_governor: str | None = None  # cpufreq scaling governor of cpu0 (Linux), e.g. "performance"
     host_memory_capacity_gb: float | None = None  # total RAM
     framework_versions: dict[str, str] = attrs.Factory(dict)  # distribution -> version (torch, numpy, jax, ...)
-    cuda_version: str | None = None  # CUDA version torch was built with (torch.version.cuda)
+    #: The newest CUDA the installed NVIDIA driver supports (NVML, else the driver's cuDriverGetVersion), e.g. "12.4";
+    #: it must be at least ``cuda_build_version`` (or in its minor-version compatible range) for torch to run.
+    cuda_version: str | None = None
+    cuda_build_version: str | None = None  # the CUDA torch was built with (torch.version.cuda)
     cudnn_version: str | None = None  # as torch.backends.cudnn.version() reports it, e.g. "90100" for 9.1.0
     accelerator_driver_version: str | None = None  # NVIDIA driver (NVML)
     accelerator_model_name: str | None = None  # distinct accelerator names, joined with ", "
@@ -81,8 +84,9 @@ class SystemCard:
         if self.accelerator_driver_version:
             parts.append(f"driver {self.accelerator_driver_version}")
         parts.extend(f"{name} {version}" for name, version in self.framework_versions.items() if name in ("torch", "jax"))
-        if self.cuda_version:
-            parts.append(f"CUDA {self.cuda_version}")
+        if self.cuda_version or self.cuda_build_version:
+            built = f" (torch built with {self.cuda_build_version})" if self.cuda_build_version else ""
+            parts.append(f"CUDA {self.cuda_version or 'driver unknown'}{built}")
         if self.precision:
             parts.append(self.precision)
         if "torch_intra_op" in self.threads:

@@ -3,8 +3,12 @@ timer, peak memory, out-of-memory recognition and recovery, memory budget), so i
 reads peak memory or enforces a budget.
 
 Every model of the pipeline is placed on the device before the first trial and stays there (a pipeline's models
-are resident together). Inputs are made fresh for each trial and dropped after it (``ctx.inputs`` would cache every
-size tried and inflate later trials). A trial that raises the backend's out-of-memory error is recorded as "oom",
+are resident together). Before each measured region (each stage of a sequential trial, each concurrent trial) the
+backend gives back what its allocator caches (``release_cached_memory``): a caching allocator's reserved peak
+otherwise starts from what the previous stage or trial left cached, and one trial's cache would count against
+every later, smaller one. Concurrent stages run in one thread each, each inside the backend's
+``concurrent_worker`` (its own CUDA stream), so they overlap on the device. Inputs are made fresh for each trial
+and dropped after it (``ctx.inputs`` would cache every size tried and inflate later trials). A trial that raises the backend's out-of-memory error is recorded as "oom",
 every reference to its inputs and outputs is dropped, and the backend recovers before the next trial; any other
 exception is a real failure and ends the stage.
 """
@@ -107,6 +111,9 @@ def device_memory_bytes(backend: Backend, device: str) -> int:
 
 
 def _require_memory_readings(backend: Backend, device: str, enforced: bool) -> None:
+    """Read an empty region: a backend whose peaks come from a region it started (MPS's sampler) has no reading
+    before its first reset, and batch search may be the first thing to run."""
+    backend.reset_peak_memory(device)
     reading = backend.read_peak_memory(device)
     if reading.peak_bytes is None and reading.reserved_bytes is None and not enforced:
         raise UnsupportedError(
@@ -161,7 +168,7 @@ class TrialRunner:
     def _run_each(self, sizes: tuple[int, ...]) -> None:
         """Stages one after another, each with its own peak; a stage out of memory does not stop the others."""
         for stage, size in enumerate(sizes):
-            self.backend.reset_peak_memory(self.device)
+            self._start_region()
             error = None
             try:
                 calls, seconds = self._measure(stage, size)
@@ -185,7 +192,8 @@ class TrialRunner:
 
         def work(stage: int) -> None:
             try:
-                calls, seconds = self._measure(stage, sizes[stage], before_timing=barrier.wait)
+                with self.backend.concurrent_worker(self.device):
+                    calls, seconds = self._measure(stage, sizes[stage], before_timing=barrier.wait)
             except threading.BrokenBarrierError:
                 return  # another stage failed before timing started
             except Exception as exc:
@@ -198,7 +206,7 @@ class TrialRunner:
                 return
             self.tracker.record_stage(stage, calls=calls, seconds=seconds)
 
-        self.backend.reset_peak_memory(self.device)
+        self._start_region()
         threads = [threading.Thread(target=work, args=(stage,), name=f"rpx-batch-{stage}") for stage in range(len(sizes))]
         for thread in threads:
             thread.start()
@@ -214,6 +222,11 @@ class TrialRunner:
                 self.tracker.record_stage(stage, failure="oom", error=error)
         self.backend.recover_from_oom(self.device)
         return None
+
+    def _start_region(self) -> None:
+        """A clean start for a measured region: nothing cached by earlier regions, peaks reset."""
+        self.backend.release_cached_memory(self.device)
+        self.backend.reset_peak_memory(self.device)
 
     def _measure(self, stage: int, size: int, before_timing: Callable[[], Any] = lambda: None) -> tuple[int, float]:
         """Fresh inputs, one untimed warm-up call, then timed calls; inputs and outputs die with this frame."""

@@ -22,8 +22,18 @@ from rpx_core.hookspecs import hookimpl
 from rpx_plugins.host_memory import raised_for
 from rpx_plugins.torch.backend import TorchBackend
 
-#: Messages of CUDA out-of-memory errors that reach us as plain RuntimeErrors (cuBLAS/cuDNN workspaces, wrappers).
-CUDA_OOM_MESSAGES = ("CUDA out of memory", "CUDA error: out of memory")
+#: Messages of CUDA out-of-memory errors that reach us as plain RuntimeErrors: the runtime's own, and the CUDA
+#: libraries' failures to allocate their handles and workspaces (cuBLAS, cuDNN, cuFFT, cuSOLVER, cuSPARSE status
+#: names as torch's error messages quote them).
+CUDA_OOM_MESSAGES = (
+    "CUDA out of memory",
+    "CUDA error: out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "CUFFT_ALLOC_FAILED",
+    "CUSOLVER_STATUS_ALLOC_FAILED",
+    "CUSPARSE_STATUS_ALLOC_FAILED",
+)
 PEAK_METHOD = (
     "torch.cuda.max_memory_allocated / max_memory_reserved after reset_peak_memory_stats; outside the allocator: "
     "mem_get_info (total - free) - memory_reserved when read (CUDA context, library workspaces, other processes)"
@@ -38,6 +48,24 @@ def device_index(device: str) -> int | None:
     return int(index) if index else None
 
 
+def resolved_index(device: str) -> int:
+    """The device's index, torch's current device for plain "cuda": some torch calls
+    (set_per_process_memory_fraction) refuse a device without one."""
+    import torch
+
+    index = device_index(device)
+    return torch.cuda.current_device() if index is None else index
+
+
+def memory_fraction(index: int) -> float:
+    """The process's current allocator cap as a fraction of the device. torch before get_per_process_memory_fraction
+    cannot say; a process starts uncapped (1.0), so that is what is assumed there."""
+    import torch
+
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    return float(getter(index)) if getter is not None else 1.0
+
+
 def budget_fraction(budget_bytes: int, total_bytes: int) -> float:
     """The share of the device that ``budget_bytes`` is, for torch.cuda.set_per_process_memory_fraction; a budget
     above the device's capacity is no limit beyond the device itself (1.0)."""
@@ -47,8 +75,10 @@ def budget_fraction(budget_bytes: int, total_bytes: int) -> float:
 
 
 #: torch 2.9+ per-operation fp32 settings under ``torch.backends`` ("ieee", "tf32", "none": inherit from the level
-#: above) that rpx writes, directly or through the legacy setters (the matmul precision also sets both matmul ones).
-FP32_PRECISION_PATHS = ("cuda.matmul", "mkldnn.matmul", "cudnn.conv", "cudnn.rnn")
+#: above) that rpx writes, directly or through the legacy setters, parents first: writing a parent sets its
+#: children, so they are put back after it ("" is torch.backends itself).
+FP32_PRECISION_PATHS = ("", "cudnn", "mkldnn", "cuda.matmul", "mkldnn.matmul", "cudnn.conv", "cudnn.rnn")
+MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
 @attrs.frozen
@@ -57,6 +87,7 @@ class Tf32Settings:
     setting that disagrees with a setting made through its new API)."""
 
     matmul_precision: str | None  # torch.get_float32_matmul_precision(): "highest" (no TF32), "high" or "medium"
+    cublas_allow_tf32: bool | None  # torch.backends.cuda.matmul.allow_tf32
     cudnn_allow_tf32: bool | None  # torch.backends.cudnn.allow_tf32
     fp32_precision: tuple[str, ...]  # torch 2.9+: the values at FP32_PRECISION_PATHS; () for older torch
 
@@ -65,7 +96,7 @@ def _fp32_precision_node(path: str) -> Any:
     import torch
 
     node = torch.backends
-    for part in path.split("."):
+    for part in filter(None, path.split(".")):
         node = getattr(node, part)
     return node
 
@@ -89,6 +120,7 @@ def read_tf32_settings() -> Tf32Settings:
     new_api = _has_fp32_precision_api()
     return Tf32Settings(
         matmul_precision=_reported(torch.get_float32_matmul_precision),
+        cublas_allow_tf32=_reported(lambda: torch.backends.cuda.matmul.allow_tf32),
         cudnn_allow_tf32=_reported(lambda: torch.backends.cudnn.allow_tf32),
         fp32_precision=tuple(_fp32_precision_node(p).fp32_precision for p in FP32_PRECISION_PATHS) if new_api else (),
     )
@@ -107,16 +139,27 @@ def write_tf32(enabled: bool) -> None:
 
 
 def restore_tf32_settings(saved: Tf32Settings) -> None:
-    """Put back what :func:`read_tf32_settings` read: the legacy settings torch reported, then the per-operation ones
-    (the legacy setters overwrite those)."""
+    """Put back what :func:`read_tf32_settings` read, refusals included.
+
+    torch 2.9+ keeps the legacy values (matmul precision, cuDNN flag) beside the per-operation ones and refuses to
+    report a legacy value that disagrees with them, so a user who set the new API (e.g. only
+    ``torch.backends.mkldnn.matmul.fp32_precision``) leaves a legacy value rpx cannot read. Writing the wrong one
+    back would turn a setting torch reported into one it refuses. So each legacy value torch refused is found by
+    trying the possible ones until every reading (refusals included) is what it was."""
     import torch
 
-    if saved.matmul_precision is not None:
-        torch.set_float32_matmul_precision(saved.matmul_precision)
-    if saved.cudnn_allow_tf32 is not None:
-        torch.backends.cudnn.allow_tf32 = saved.cudnn_allow_tf32
-    for path, value in zip(FP32_PRECISION_PATHS, saved.fp32_precision):
-        _fp32_precision_node(path).fp32_precision = value
+    precisions = MATMUL_PRECISIONS if saved.matmul_precision is None else (saved.matmul_precision,)
+    cudnn_flags = (False, True) if saved.cudnn_allow_tf32 is None else (saved.cudnn_allow_tf32,)
+    for precision in precisions:
+        for cudnn in cudnn_flags:
+            torch.set_float32_matmul_precision(precision)
+            torch.backends.cudnn.allow_tf32 = cudnn
+            for path, value in zip(FP32_PRECISION_PATHS, saved.fp32_precision):  # the legacy setters overwrite these
+                node = _fp32_precision_node(path)
+                if node.fp32_precision != value:
+                    node.fp32_precision = value
+            if read_tf32_settings() == saved:
+                return
 
 
 class Tf32Switches:
@@ -155,18 +198,21 @@ def describe_devices(names: list[str]) -> str:
 
 
 class CudaEventTimer(Timer):
-    """Elapsed time between two CUDA events recorded on the device's current stream (GPU clock, ~0.5 us resolution).
+    """Elapsed time between two CUDA events recorded on the calling thread's current stream (GPU clock, ~0.5 us
+    resolution).
 
-    ``start`` first synchronises so earlier work is not counted; ``stop`` waits for the end event.
+    ``start`` first synchronises that stream so its earlier work is not counted; ``stop`` waits for the end event.
+    Only the timer's own stream is waited for: concurrent batch_search stages time their own streams, and a
+    device-wide synchronize from one stage would stall the others.
     """
 
-    clock = "cuda events (torch.cuda.Event, enable_timing=True) on the current stream, synchronised"
+    clock = "cuda events (torch.cuda.Event, enable_timing=True) on the calling thread's stream, that stream synchronised"
 
     def __init__(self, device: str) -> None:
         import torch
 
-        super().__init__(lambda: torch.cuda.synchronize(device))
         self._stream = torch.cuda.current_stream(device)
+        super().__init__(self._stream.synchronize)
         self._begin = torch.cuda.Event(enable_timing=True)
         self._end = torch.cuda.Event(enable_timing=True)
 
@@ -189,6 +235,8 @@ class CudaBackend(TorchBackend):
         #: Whether the precision of the last model placed computes fp32 in TF32; None until a model is placed. One
         #: value, not one per device: the switches are process-wide, and a run has one precision.
         self._tf32: bool | None = None
+        #: The allocator cap each device had before rpx set a budget on it, put back when the budget is lifted.
+        self._fractions_before: dict[int, float] = {}
 
     def probe(self) -> Availability:
         if importlib.util.find_spec("torch") is None:
@@ -275,16 +323,35 @@ class CudaBackend(TorchBackend):
         gc.collect()
         torch.cuda.empty_cache()
 
-    def set_memory_budget(self, device: str, budget_bytes: int | None) -> bool:
-        """Cap this process's caching allocator at ``budget_bytes`` (None lifts the cap). Memory outside the allocator
-        (CUDA context, workspaces) is not covered by the cap."""
+    def release_cached_memory(self, device: str) -> None:
+        """Empty the caching allocator: without it, ``max_memory_reserved`` after ``reset_peak_memory_stats`` starts
+        from what earlier regions left cached, and a region's reserved peak is at least that."""
         import torch
 
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+    @contextlib.contextmanager
+    def concurrent_worker(self, device: str) -> Iterator[None]:
+        """A new stream for the calling thread: threads on the default stream would run one after another."""
+        import torch
+
+        with torch.cuda.stream(torch.cuda.Stream(device)):
+            yield
+
+    def set_memory_budget(self, device: str, budget_bytes: int | None) -> bool:
+        """Cap this process's caching allocator at ``budget_bytes``; None puts back the cap the device had before
+        rpx set one. Memory outside the allocator (CUDA context, workspaces) is not covered by the cap."""
+        import torch
+
+        index = resolved_index(device)
         if budget_bytes is None:
-            torch.cuda.set_per_process_memory_fraction(1.0, device)
+            if index in self._fractions_before:
+                torch.cuda.set_per_process_memory_fraction(self._fractions_before.pop(index), index)
             return True
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(budget_fraction(budget_bytes, total), device)
+        self._fractions_before.setdefault(index, memory_fraction(index))
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(budget_fraction(budget_bytes, total), index)
         return True
 
 
