@@ -84,3 +84,16 @@ def stage_hook_specs(stages: Iterable[Stage]) -> Any:
         spec.__doc__ = f"Stage {stage.name!r}: {stage.doc or stage.description}. First non-None result wins."
         specs[stage.hook] = hookspec(firstresult=True)(spec)
     return types.SimpleNamespace(**specs)
+
+
+# -- model adapters (issue 16: models as users have them) ---------------------------------------------------------------
+
+
+@hookspec
+def rpx_register_model_adapters() -> list[Any]:
+    """Return model adapters (:class:`rpx_core.adapters.ModelAdapter`): each recognises one form of model object by
+    type and converts it for the backends of its framework. The backend of a spec or ``rpx.profile`` call that names
+    none is inferred from them. Called on every plugin; results are collected; names must be unique.
+
+    Example: ``return [ModelAdapter("haiku", "jax", "haiku Transformed + params", is_haiku, to_jax_model)]``.
+    """

@@ -105,6 +105,9 @@ class Spec:
     on_unavailable: Literal["error", "skip"] = "error"  # what to do when the backend is not available here
     schema: int = SCHEMA_VERSION
     base_dir: str = "."  # set by load_spec; not read from the file
+    #: True when the spec names no backend (set by spec_from_dict, not read from the file): ``run_spec`` then infers
+    #: the backend from the first model (rpx_core.adapters), falling back to ``backend``'s default.
+    backend_inferred: bool = False
 
     def output_path(self) -> Path:
         return Path(self.output.format(name=self.name))
@@ -112,7 +115,7 @@ class Spec:
     def to_data(self) -> dict[str, Any]:
         """The spec as plain data, as rpx understood it (defaults filled in), without where it was read from."""
         data = converter.unstructure(self)
-        del data["base_dir"]
+        del data["base_dir"], data["backend_inferred"]
         return data
 
     def digest(self) -> str:
@@ -135,9 +138,10 @@ def load_spec(path: str | Path) -> Spec:
 
 
 def spec_from_dict(data: dict[str, Any], *, where: str = "<spec>", base_dir: str = ".", default_name: str = "rpx") -> Spec:
-    if "base_dir" in data:
-        raise SpecError(f"{where}: base_dir: unknown key 'base_dir' (it is set from the spec's location)")
-    data = {"name": default_name, **data, "base_dir": base_dir}
+    for key, why in (("base_dir", "it is set from the spec's location"), ("backend_inferred", "rpx sets it")):
+        if key in data:
+            raise SpecError(f"{where}: {key}: unknown key {key!r} ({why})")
+    data = {"name": default_name, **data, "base_dir": base_dir, "backend_inferred": "backend" not in data}
     spec: Spec = structure(data, Spec, where=where)
     _check_semantics(spec, where)
     return spec

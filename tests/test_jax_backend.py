@@ -396,8 +396,14 @@ def test_count_options_apply_as_for_torch(plugins):
     assert list(flops.by_operator) == ["conv_general_dilated", OTHERS]  # the larger kept, the rest summed
     others = flops.by_operator[OTHERS]  # the reshape and the head matmul, summed
     assert (others.calls, others.matrix_flops, others.other_flops) == (2, 2 * head_macs, 0)
-    backward = profile(plugins, model, inputs, ["count_flops"], options={"count_flops": {"backward": True}})
-    assert "counts forward passes only" in backward.stages["count_flops"].error
+    backward = ok(profile(plugins, model, inputs, ["count_flops"], options={"count_flops": {"backward": True}}),
+                  "count_flops")
+    # batch 2 as written; the gradient w.r.t. the params only (the input needs none): the head's weight gradient
+    # (flat^T @ g) and its input gradient (g @ head^T), then the conv's weight gradient (x convolved with that), one
+    # forward-sized matrix product each
+    conv2, head2 = 2 * (4 * 6 * 6) * 3 * 9, 2 * (4 * 6 * 6) * 5
+    assert backward.backward and backward.macs == (conv2 + head2) + (conv2 + 2 * head2)
+    assert set(backward.by_phase) == {"forward", "backward"}
 
 
 def test_abstract_params_are_counted_but_never_run(plugins):
