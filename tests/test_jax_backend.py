@@ -452,3 +452,64 @@ def test_the_example_spec_runs_tier1_and_roofline(plugins):
     for model in run.models:
         for bound in (b for by_precision in model.result("roofline").gpus.values() for b in by_precision.values()):
             assert bound.per_operator_ms >= bound.bound_ms_unfused * (1 - 1e-12), (model.name, bound.gpu)
+
+
+# -- control flow and custom kernels, as documented in rpx_plugins.jax.jaxpr --------------------------------------------
+
+
+def test_a_cond_records_every_branch_and_counts_the_largest(plugins):
+    def apply(w, x):
+        return jax.lax.cond(x.sum() > 0, lambda a: jnp.tanh(a), lambda a: a @ w, x)
+
+    flops = ok(profile(plugins, JaxModel(apply, jnp.ones((32, 32))), [{"shape": [8, 32]}], ["count_flops"]),
+               "count_flops")
+    # branch 0 (false: the matmul) 2*8*32*32 FLOPs, branch 1 (tanh) 8*32; the sum and the compare outside: 8*32 + 1
+    assert flops.macs == 8 * 32 * 32 and flops.other_flops == 8 * 32 + 1
+    (note,) = flops.control_flow
+    assert f"branch 0: {2 * 8 * 32 * 32} FLOPs" in note and f"branch 1: {8 * 32} FLOPs" in note
+    assert "counted branch 0, the largest" in note
+
+
+def test_a_bounded_while_counts_its_trip_count_and_an_unbounded_one_takes_the_option(plugins):
+    def bounded(w, x):
+        return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] @ w), (0, x))[1]
+
+    flops = ok(profile(plugins, JaxModel(bounded, jnp.ones((4, 4))), [{"shape": [2, 4]}], ["count_flops"]),
+               "count_flops")
+    assert flops.macs == 3 * 2 * 4 * 4  # three iterations of [2,4] @ [4,4]
+    assert flops.other_flops == 4 + 3  # the condition's compare runs 4 times, the counter's add 3
+    assert "body counted 3 times (its static trip count 3)" in flops.control_flow[0]
+
+    def unbounded(w, x):
+        return jax.lax.while_loop(lambda c: c.sum() < 100.0, lambda c: c @ w, x)
+
+    options = {"count_flops": {"while_iterations": 5}}
+    flops = ok(profile(plugins, JaxModel(unbounded, jnp.ones((4, 4))), [{"shape": [2, 4]}], ["count_flops"],
+                       options=options), "count_flops")
+    assert flops.macs == 5 * 2 * 4 * 4 and "while_iterations = 5" in flops.control_flow[0]
+
+
+def test_a_pallas_kernel_is_listed_uncounted_with_its_calls_and_the_rest_is_counted(plugins):
+    from jax.experimental import pallas as pl
+
+    def double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    def apply(w, x):
+        y = x @ w
+        return pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct(y.shape, y.dtype), interpret=True)(y)
+
+    result = profile(plugins, JaxModel(apply, jnp.ones((64, 32))), [{"shape": [8, 64]}], ["count_flops", "estimate_traffic"])
+    flops = ok(result, "count_flops")
+    assert flops.uncounted_ops == {"pallas_call": 1} and flops.macs == 8 * 64 * 32
+    kernel = [r for r in ok(result, "estimate_traffic").op_records if r.op == "pallas_call"]
+    assert [(r.count, r.bytes_read, r.bytes_written) for r in kernel] == [(1, 8 * 32 * 4, 8 * 32 * 4)]
+
+
+def test_fp8_and_int8_are_counted_on_abstract_values_at_one_byte(plugins):
+    for precision in ("fp8", "int8"):
+        result = profile(plugins, dense_relu_model(), [{"shape": [8, 64]}], TIER1, precision=precision)
+        assert ok(result, "count_flops").macs == 8 * 64 * 32
+        traffic = ok(result, "estimate_traffic")
+        assert traffic.weight_bytes == 64 * 32 + 32 and traffic.input_bytes == 8 * 64  # 1 byte per element
+        assert ok(result, "count_params").bytes_at_precision == 64 * 32 + 32

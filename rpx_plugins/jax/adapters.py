@@ -118,40 +118,37 @@ def from_linen(model: Any) -> JaxModel:
 # -- module trees rpx names itself (NNX, Equinox) ----------------------------------------------------------------------
 
 
-def scope_names(modules: list[tuple[tuple[Any, ...], Any]]) -> dict[int, tuple[str, str]]:
-    """id(module) -> (its path, its scope name relative to the nearest enclosing module: "attn" under "block",
-    "layers.0" under the root, as a list is not a module)."""
-    paths = {tuple(path) for path, _ in modules}
-    names: dict[int, tuple[str, str]] = {}
+def module_paths(modules: list[tuple[tuple[Any, ...], Any]]) -> dict[int, str]:
+    """id(module) -> its path below the root ("block.attn", "layers.0"); the root itself is left out."""
+    paths: dict[int, str] = {}
     for path, module in modules:
-        path = tuple(path)
-        if not path or id(module) in names:
-            continue
-        parent = max((p for p in paths if len(p) < len(path) and path[: len(p)] == p), key=len, default=())
-        names[id(module)] = (".".join(map(str, path)), ".".join(map(str, path[len(parent) :])))
-    return names
+        if path and id(module) not in paths:
+            paths[id(module)] = ".".join(map(str, path))
+    return paths
 
 
 @contextlib.contextmanager
 def named_calls(modules: list[tuple[tuple[Any, ...], Any]]) -> Iterator[None]:
-    """While active, each listed module's ``__call__`` runs inside ``jax.named_scope`` of its name (and counts its
-    call), so the jaxpr's name stack carries module paths as linen's does. Classes are patched and restored."""
+    """While active, each listed module's ``__call__`` runs inside ``jax.named_scope`` of its path relative to the
+    module calling it ("attn" inside "block", "layers.0" from the root), so the jaxpr's name stack carries module
+    paths as linen's does, and its call is counted. Classes are patched and restored."""
     import jax
 
-    names = scope_names(modules)
-    active: list[int] = []
+    paths = module_paths(modules)
+    active: list[tuple[int, str]] = []
     patched: dict[type, Any] = {}
 
     def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-            entry = names.get(id(self))
-            if entry is None or (active and active[-1] == id(self)):  # not ours, or a base class's __call__
+            path = paths.get(id(self))
+            if path is None or (active and active[-1][0] == id(self)):  # not ours, or a base class's __call__
                 return original(self, *args, **kwargs)
-            record_call(entry[0])
-            active.append(id(self))
+            parent = active[-1][1] + "." if active else ""
+            record_call(path)
+            active.append((id(self), path))
             try:
-                with jax.named_scope(entry[1]):
+                with jax.named_scope(path.removeprefix(parent) if path.startswith(parent) else path):
                     return original(self, *args, **kwargs)
             finally:
                 active.pop()
@@ -250,10 +247,9 @@ def from_train_state(state: Any) -> JaxModel:
         variables["batch_stats"] = state.batch_stats
 
     linen = loaded("flax.linen")
-    counting = linen.intercept_methods(count_linen_calls) if linen is not None else contextlib.nullcontext()
 
     def apply(variables: Any, *inputs: Any, **named: Any) -> Any:
-        with counting:
+        with linen.intercept_methods(count_linen_calls) if linen is not None else contextlib.nullcontext():
             return state.apply_fn(variables, *inputs, **named)
 
     def optimizer(variables: Any, grads: Any) -> Any:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import attrs
 
-from rpx_core.backends import Availability, Backend, MemoryPeak
+from rpx_core.backends import Availability, Backend, MemoryPeak, Timer
 from rpx_core.errors import BackendUnavailable, UnsupportedError
 from rpx_core.hookspecs import hookimpl
 from rpx_core.precision import PRECISIONS
@@ -210,12 +210,21 @@ def make_array(spec_input: InputSpec, batch_size: int | None, precision: str, ke
 
 
 def block(outputs: Any) -> Any:
-    """``jax.block_until_ready``, with a fast path for the common single-array output (about 1 us cheaper)."""
-    import jax
-
-    if isinstance(outputs, jax.Array):
+    """``jax.block_until_ready``, with a fast path for a single array (no import, no tree walk: about 2 us less)."""
+    try:
         return outputs.block_until_ready()
-    return jax.block_until_ready(outputs)
+    except AttributeError:  # a pytree of outputs
+        import jax
+
+        return jax.block_until_ready(outputs)
+
+
+class BlockingCallTimer(Timer):
+    clock = "time.perf_counter around each call; the call blocks until its outputs exist (block_until_ready)"
+
+
+def no_wait() -> None:
+    """JAX's timer synchronisation: nothing, as call_model returns only once its outputs exist."""
 
 
 def stays_in_place(params: Any, target: Any) -> bool:
@@ -236,6 +245,7 @@ class JaxBackend(Backend):
     description = "JAX (jit-compiled by XLA) on CPU, GPU or TPU"
     precisions = tuple(EXECUTION_DTYPES)
     framework = "jax"
+    dispatches_asynchronously = True
 
     def input_dtype_name(self, spec_input: InputSpec, precision: str) -> str:
         if precision not in EXECUTION_DTYPES:  # counted, never run: the inputs stay as written
@@ -308,6 +318,10 @@ class JaxBackend(Backend):
 
     def wait_for(self, outputs: Any, device: str) -> None:
         block(outputs)
+
+    def timer(self, device: str) -> Timer:
+        """A host clock with nothing to synchronise: every call_model already blocked on its outputs."""
+        return BlockingCallTimer(no_wait)
 
     def reset_peak_memory(self, device: str) -> None:
         target = resolve_device(device)

@@ -168,11 +168,19 @@ def sharded_mlp(sizes: Sequence[int] = (64, 128, 10), seed: int = 0) -> JaxModel
 
 
 def shard_map_mlp(sizes: Sequence[int] = (64, 128, 10), seed: int = 0) -> JaxModel:
-    """The plain MLP run data-parallel with ``jax.shard_map``: the batch split over every device, params
-    replicated, each device running the whole MLP on its slice."""
+    """A two-layer MLP written with ``jax.shard_map``, tensor-parallel over every device: each device holds a slice
+    of the hidden layer (columns of the first weight, rows of the second), computes its partial output, and a psum
+    adds the partials. The input is replicated, so any batch size runs."""
     from jax.sharding import PartitionSpec as P
 
+    first, second = mlp(sizes[:3], seed).params
     mesh = device_mesh()
-    model = mlp(sizes, seed)
-    per_device = jax.shard_map(mlp_apply, mesh=mesh, in_specs=(P(), P("devices")), out_specs=P("devices"))
-    return JaxModel(per_device, model.params)
+
+    def per_device(params: dict[str, Any], x: Any) -> Any:
+        hidden = jax.nn.relu(x @ params["w1"] + params["b1"])
+        return jax.lax.psum(hidden @ params["w2"], "devices") + params["b2"]
+
+    specs = {"w1": P(None, "devices"), "b1": P("devices"), "w2": P("devices", None), "b2": P()}
+    apply = jax.shard_map(per_device, mesh=mesh, in_specs=(specs, P()), out_specs=P())
+    params = {"w1": first["w"], "b1": first["b"], "w2": second["w"], "b2": second["b"]}
+    return JaxModel(apply, params)
