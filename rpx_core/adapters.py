@@ -55,7 +55,7 @@ def adapt_model(model: Any, adapters: list[ModelAdapter], backend: Backend, what
     return model
 
 
-def infer_backend(model: Any, adapters: list[ModelAdapter], backends: Mapping[str, Backend], what: str) -> str:
+def infer_backend(model: Any, adapters: list[ModelAdapter], backends: Mapping[str, Backend] | Any, what: str) -> str:
     """The backend for ``model`` when none is named: the first available backend (in registration order) of the
     framework whose adapter accepts it; one line listing every accepted form otherwise."""
     adapter = adapter_for(model, adapters)
@@ -64,7 +64,8 @@ def infer_backend(model: Any, adapters: list[ModelAdapter], backends: Mapping[st
             f"cannot tell which backend runs {what} (a {type(model).__module__}.{type(model).__qualname__}); "
             f"accepted forms: {accepted_forms(adapters)}; or name a backend"
         )
-    fitting = [name for name, backend in backends.items() if backend.framework == adapter.framework]
+    names = list(getattr(backends, "candidates", backends))  # a plugins Registry: in registration order
+    fitting = [name for name in names if backends[name].framework == adapter.framework]
     available = [name for name in fitting if backends[name].availability.available]
     if not fitting:
         raise UnsupportedError(f"{what} is a {adapter.form} model, but no backend runs {adapter.framework!r} models")

@@ -9,6 +9,7 @@ import attrs
 
 from rpx_core import results as results_io
 from rpx_core.adapters import adapter_for, infer_backend
+from rpx_core.errors import RpxError
 from rpx_core.loading import load_callable
 from rpx_core.pipeline import Listener, run_plan
 from rpx_core.plan import make_plan
@@ -60,7 +61,10 @@ def with_inferred_backend(spec: Spec, plugins: Plugins, model_objects: dict[str,
     adapters = plugins.model_adapters()
     if adapter_for(model, adapters) is None:
         return spec
-    backend = infer_backend(model, adapters, plugins.backends(spec.choose), f"model {first.name!r}")
+    try:
+        backend = infer_backend(model, adapters, plugins.backends(spec.choose), f"model {first.name!r}")
+    except RpxError:  # e.g. a [choose] entry the plan reports with the spec's key path
+        return spec
     return attrs.evolve(spec, backend=backend, backend_inferred=False)
 
 

@@ -69,9 +69,12 @@ class StageContext:
         return self.adapt(model)
 
     def adapt(self, model: Any) -> Any:
-        """The model as this backend runs it, through the registered model adapters (rpx_core.adapters)."""
+        """The model as this backend runs it, through the registered model adapters (rpx_core.adapters); a context
+        built without plugins (a test's) passes it on as it is."""
         from rpx_core.adapters import adapt_model
 
+        if self.plugins is None:
+            return model
         return adapt_model(model, self.plugins.model_adapters(), self.backend, f"model {self.job.model.name!r}")
 
     def model(self) -> Any:

@@ -5,7 +5,9 @@ and against Flax's own ``tabulate(compute_flops=True)`` for Dense layers."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+import attrs
 import jax
 import jax.numpy as jnp
 import pytest
@@ -19,6 +21,7 @@ from rpx_plugins.jax import zoo
 flax_linen = pytest.importorskip("flax.linen", reason="flax is in the test extra")
 nnx = pytest.importorskip("flax.nnx")
 STAGES = ["count_params", "count_flops", "estimate_traffic"]
+SPECS = Path(__file__).resolve().parents[1] / "specs"
 
 
 def ok(result, stage):
@@ -151,3 +154,23 @@ def test_backend_inference_and_refusals_are_one_line_naming_the_forms():
     torch = pytest.importorskip("torch")
     result = rpx.profile(torch.nn.Linear(4, 2), inputs=[(1, 4)], stages=["count_params"], backend="jax")
     assert "is a torch.nn.Module model, which 'torch' backends run" in result.stages["count_params"].error
+
+
+def test_every_form_runs_from_the_example_spec_and_matches_the_api():
+    pytest.importorskip("equinox", reason="equinox is in the test extra")
+    spec = load_spec(SPECS / "jax_models.toml")
+    run = run_spec(spec, output=None)
+    assert run.ok, [(m.name, s, r.error) for m in run.models for s, r in m.stages.items() if r.status != "ok"]
+    assert {model.backend for model in run.models} == {"jax"}  # inferred from the first model
+    function = run.model("function-mlp")
+    assert ok(function, "count_params").total == (64 * 32 + 32) + (32 * 10 + 10)
+    assert ok(function, "count_flops").macs == 8 * (64 * 32 + 32 * 10)
+    for model in spec.models:
+        factory = getattr(zoo, model.source.rpartition(":")[2])
+        inputs = [{"shape": list(i.shape)} for i in model.inputs]
+        again = rpx.profile(factory(), inputs=inputs, stages=["count_params", "count_flops"])
+        for stage in ("count_params", "count_flops"):
+            from_spec, from_api = ok(run.model(model.name), stage), ok(again, stage)
+            if stage == "count_flops":  # XLA's figures may differ by run; the counts may not
+                from_spec, from_api = (attrs.evolve(f, compiler_figures=None) for f in (from_spec, from_api))
+            assert from_spec == from_api, (model.name, stage)

@@ -27,7 +27,7 @@ from collections import Counter
 from typing import Any, Callable, Iterator
 
 from rpx_core.adapters import ModelAdapter
-from rpx_plugins.jax.backend import BUFFER, TRAINABLE, JaxModel
+from rpx_plugins.jax.model import BUFFER, TRAINABLE, JaxModel
 
 #: Counts module calls while a trace runs under ``recording_calls`` (None: not recording).
 _CALLS: contextvars.ContextVar[Counter | None] = contextvars.ContextVar("rpx_jax_module_calls", default=None)

@@ -28,6 +28,10 @@ from rpx_core.hookspecs import hookimpl
 from rpx_core.precision import PRECISIONS
 from rpx_core.spec import InputSpec, ModelSpec
 from rpx_plugins.host_memory import HostPeakTracker, is_host_out_of_memory
+from rpx_plugins.jax.adapters import BUILTIN
+from rpx_plugins.jax.model import BUFFER, NON_TRAINABLE, TRAINABLE, JaxModel
+
+__all__ = ["JaxBackend", "JaxModel", "TRAINABLE", "NON_TRAINABLE", "BUFFER"]
 
 NAME = "jax"
 #: The dtype each executable precision stores floating params, inputs and activations in (rpx_core.precision).
@@ -51,40 +55,6 @@ DEVICE_PEAK_NO_REGION = (
 )
 
 
-#: The role of each params leaf, reported as torch reports parameters and buffers.
-TRAINABLE, NON_TRAINABLE, BUFFER = "trainable", "non_trainable", "buffer"
-
-
-@attrs.frozen
-class JaxModel:
-    """A JAX model: ``apply(params, *inputs, **named_inputs)`` and its ``params`` pytree.
-
-    ``roles``: one of TRAINABLE, NON_TRAINABLE, BUFFER per leaf of ``params`` (``jax.tree.leaves`` order); None
-    makes every leaf trainable. ``optimizer``: ``(params, grads) -> new params``, counted after the gradient when
-    ``backward = true`` (grads has ``params``' structure, None at leaves that are not trainable). ``root_scope`` and
-    ``ignored_scopes``: the name-stack component naming the model itself and prefixes of components that are not
-    module names, dropped from module paths. ``form`` names the form the user gave, for messages.
-    """
-
-    apply: Callable[..., Any]
-    params: Any
-    roles: tuple[str, ...] | None = None
-    optimizer: Callable[[Any, Any], Any] | None = None
-    root_scope: str | None = None
-    ignored_scopes: tuple[str, ...] = ()
-    form: str = "JaxModel(apply, params)"
-
-    def leaf_roles(self) -> list[str]:
-        import jax
-
-        count = len(jax.tree.leaves(self.params))
-        if self.roles is None:
-            return [TRAINABLE] * count
-        if len(self.roles) != count:
-            raise UnsupportedError(f"{self.form}: {len(self.roles)} roles for {count} params leaves")
-        return list(self.roles)
-
-
 @attrs.frozen
 class PlacedJaxModel:
     """A model ready to run: ``apply`` jitted once, ``params`` cast, on ``device`` or on the mesh they were given."""
@@ -98,7 +68,6 @@ def as_jax_model(model: Any) -> JaxModel:
     """A JaxModel, or any form a built-in adapter recognises converted to one (ctx.build_model has already applied
     plugins' adapters); anything else is one line naming the accepted forms."""
     from rpx_core.adapters import adapter_for
-    from rpx_plugins.jax.adapters import BUILTIN
 
     if isinstance(model, JaxModel):
         return model
@@ -363,6 +332,4 @@ def rpx_register_backends() -> list[Backend]:
 
 @hookimpl
 def rpx_register_model_adapters() -> list[Any]:
-    from rpx_plugins.jax.adapters import BUILTIN
-
     return list(BUILTIN)

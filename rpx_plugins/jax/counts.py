@@ -51,10 +51,6 @@ from rpx_core.types.counts import (
     fold_largest,
 )
 from rpx_plugins.jax.backend import (
-    BUFFER,
-    NON_TRAINABLE,
-    TRAINABLE,
-    JaxModel,
     as_jax_model,
     count_dtype,
     input_dtype,
@@ -73,6 +69,7 @@ from rpx_plugins.jax.jaxpr import (
     size_at,
     walk,
 )
+from rpx_plugins.jax.model import BUFFER, NON_TRAINABLE, TRAINABLE, JaxModel
 
 #: counted_on of every jax count: abstract values (ShapeDtypeStruct), JAX's analogue of torch's meta device.
 COUNTED_ON = "abstract"

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rpx_plugins.jax.backend import JaxModel
+from rpx_plugins.jax.model import JaxModel
 
 NCHW = ("NCHW", "OIHW", "NCHW")  # images channels-first, kernels [out, in, h, w]
 
@@ -184,3 +184,9 @@ def shard_map_mlp(sizes: Sequence[int] = (64, 128, 10), seed: int = 0) -> JaxMod
     apply = jax.shard_map(per_device, mesh=mesh, in_specs=(specs, P()), out_specs=P())
     params = {"w1": first["w"], "b1": first["b"], "w2": second["w"], "b2": second["b"]}
     return JaxModel(apply, params)
+
+
+def function_mlp(sizes: Sequence[int] = (64, 32, 10), seed: int = 0) -> tuple[Any, Any]:
+    """The plain MLP as a user writes it without a library: an ``(apply, params)`` tuple."""
+    model = mlp(sizes, seed)
+    return model.apply, model.params
