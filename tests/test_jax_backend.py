@@ -437,6 +437,8 @@ def test_an_mlp_through_tier1_and_measured_latency(plugins, tmp_path):
     measured = ok(result, "measure_latency")
     assert measured.samples_count >= 5 and 0 < measured.min_ms <= measured.max_ms
     assert [t.batch_size for t in measured.throughput] == [1, 4] and all(t.samples_per_s > 0 for t in measured.throughput)
+    # JAX dispatches asynchronously: the same calls pipelined (one wait at the end) are reported beside the blocking ones
+    assert all(t.pipelined_samples_per_s > 0 and t.pipelined_seconds > 0 for t in measured.throughput)
     assert measured.peak_memory.peak_bytes > 0 and "RSS" in measured.peak_memory.method
     assert all(result.stages[stage].provided_by == "jax-counts" for stage in TIER1)
 
@@ -513,3 +515,24 @@ def test_fp8_and_int8_are_counted_on_abstract_values_at_one_byte(plugins):
         traffic = ok(result, "estimate_traffic")
         assert traffic.weight_bytes == 64 * 32 + 32 and traffic.input_bytes == 8 * 64  # 1 byte per element
         assert ok(result, "count_params").bytes_at_precision == 64 * 32 + 32
+
+
+# -- TPUs in the reference pack, and every skipped roofline on the console -----------------------------------------------
+
+
+def test_tpus_are_in_the_reference_pack_with_their_sources(plugins):
+    catalog = plugins.gpu_catalog()
+    figures = {name: (catalog.get(name).peak("bf16").tflops, catalog.get(name).bandwidth_gb_s)
+               for name in ("TPU-v4", "TPU-v5e", "TPU-v5p", "TPU-v6e")}
+    assert figures == {"TPU-v4": (275, 1200), "TPU-v5e": (197, 819), "TPU-v5p": (459, 2765), "TPU-v6e": (918, 1638)}
+    assert all("cloud.google.com/tpu/docs" in catalog.get(name).source for name in figures)
+    assert catalog.get("TPU v6 lite").name == "TPU-v6e"  # the device_kind JAX reports matches the entry
+
+
+def test_a_roofline_skipped_for_a_missing_peak_is_shown_on_the_console_with_its_reason(plugins):
+    from rpx_core.summary import render_run
+
+    spec = spec_from_dict({"backend": "jax", "stages": ["roofline"], "gpus": ["TPU-v5e", "H100-SXM"],
+                           "models": [{"name": "m", "source": "<object>:model", "inputs": [{"shape": [8, 64]}]}]})
+    run = run_spec(spec, plugins=plugins, output=None, model_objects={"m": dense_relu_model()})
+    assert "m: roofline skipped for TPU-v5e at fp32: GPU 'TPU-v5e' has no fp32 peak" in render_run(run)

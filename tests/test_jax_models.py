@@ -174,3 +174,32 @@ def test_every_form_runs_from_the_example_spec_and_matches_the_api():
             if stage == "count_flops":  # XLA's figures may differ by run; the counts may not
                 from_spec, from_api = (attrs.evolve(f, compiler_figures=None) for f in (from_spec, from_api))
             assert from_spec == from_api, (model.name, stage)
+
+
+class Haiku:
+    """A stand-in for another JAX library's model object: a function and its params in a class of its own."""
+
+    def __init__(self) -> None:
+        self.fn, self.params = (lambda p, x: x @ p), jnp.ones((64, 32))
+
+
+def test_a_plugin_adds_an_adapter_for_another_library_through_the_same_hook():
+    from rpx_core.adapters import ModelAdapter
+    from rpx_core.hookspecs import hookimpl
+    from rpx_core.plugins import Plugins
+    from rpx_plugins.jax import JaxModel
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def rpx_register_model_adapters():
+            return [ModelAdapter("haiku-like", "jax", "Haiku-like object", lambda m: isinstance(m, Haiku),
+                                 lambda m: JaxModel(m.fn, m.params, form="Haiku-like object"))]
+
+    plugins = Plugins.load()
+    with pytest.raises(UnsupportedError, match="cannot tell which backend runs model"):
+        rpx.profile(Haiku(), inputs=[(8, 64)], plugins=plugins)  # not callable, no adapter yet
+    plugins.register(Plugin(), "haiku-like")
+    result = rpx.profile(Haiku(), inputs=[(8, 64)], stages=["count_params", "count_flops"], plugins=plugins)
+    assert result.backend == "jax" and ok(result, "count_params").total == 64 * 32
+    assert ok(result, "count_flops").macs == 8 * 64 * 32

@@ -51,3 +51,11 @@ def test_a_shard_map_program_counts_its_body_once_per_device(mesh_run):
     # the psum that adds the partial outputs is a collective without a FLOP formula: listed, not counted
     assert "psum_invariant" in flops["uncounted_ops"]
     assert stages["measure_latency"]["status"] == "ok", stages["measure_latency"].get("error")
+
+
+def test_a_pmap_program_counts_its_body_once_per_device(mesh_run):
+    stages = mesh_run["pmap-mlp"]
+    flops = stages["count_flops"]["result"]
+    assert flops["macs"] == 2 * mlp_macs(batch=4)  # two devices, a batch of 4 each
+    assert flops["devices"] == 2 and flops["per_device_flops"] == flops["total_flops"] // 2
+    assert stages["measure_latency"]["status"] == "ok", stages["measure_latency"].get("error")

@@ -190,3 +190,10 @@ def function_mlp(sizes: Sequence[int] = (64, 32, 10), seed: int = 0) -> tuple[An
     """The plain MLP as a user writes it without a library: an ``(apply, params)`` tuple."""
     model = mlp(sizes, seed)
     return model.apply, model.params
+
+
+def pmap_mlp(sizes: Sequence[int] = (64, 128, 10), seed: int = 0) -> JaxModel:
+    """The plain MLP under ``jax.pmap``: input [devices, batch, sizes[0]], one slice per device (JAX runs pmap as a
+    shard_map over every device)."""
+    model = mlp(sizes, seed)
+    return JaxModel(jax.pmap(mlp_apply, in_axes=(None, 0)), model.params)
