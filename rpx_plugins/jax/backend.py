@@ -278,12 +278,18 @@ class JaxBackend(Backend):
         return (args, kwargs) if target == jax.devices()[0] else jax.device_put((args, kwargs), target)
 
     def call_model(self, model: PlacedJaxModel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run the jitted apply and block until its outputs exist: JAX's synchronisation, so each call is complete."""
-        return block(model.apply(model.params, *args, **kwargs))
+        """Run the jitted apply and block until its outputs exist: JAX's synchronisation, so each call is complete.
+        (``block`` inlined for a single array; an empty ``**kwargs`` is not passed, as it takes jit off its C++ fast
+        path: about 4 us per call.)"""
+        outputs = model.apply(model.params, *args, **kwargs) if kwargs else model.apply(model.params, *args)
+        try:
+            return outputs.block_until_ready()
+        except AttributeError:  # a pytree of outputs
+            return block(outputs)
 
     def dispatch_model(self, model: PlacedJaxModel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Enqueue one call without waiting (JAX's async dispatch): the pipelined throughput's unit."""
-        return model.apply(model.params, *args, **kwargs)
+        return model.apply(model.params, *args, **kwargs) if kwargs else model.apply(model.params, *args)
 
     def wait_for(self, outputs: Any, device: str) -> None:
         block(outputs)
