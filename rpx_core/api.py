@@ -8,10 +8,12 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 import attrs
 
 from rpx_core import results as results_io
+from rpx_core.adapters import adapter_for, infer_backend
 from rpx_core.checks import run_problems
 from rpx_core.convert import converter, structure
-from rpx_core.errors import SpecError
+from rpx_core.errors import RpxError, SpecError
 from rpx_core.limits import Execution
+from rpx_core.loading import load_callable
 from rpx_core.pipeline import Listener, run_plan
 from rpx_core.plan import make_plan
 from rpx_core.plugins import Plugins
@@ -44,6 +46,8 @@ def run_spec(
     if execution:
         spec = attrs.evolve(spec, execution=structure({**converter.unstructure(spec.execution), **execution}, Execution,
                                                       where=spec_path or "<spec>", base_path="execution"))
+    if spec.backend_inferred:
+        spec = with_inferred_backend(spec, plugins, model_objects or {})
     where = spec_path or "<spec>"
     plan = make_plan(spec, plugins, where=where, stages=tuple(stages) if stages is not None else None)
     path = spec.output_path() if output is DEFAULT else (Path(output) if output is not None else None)
@@ -52,6 +56,29 @@ def run_spec(
         raise SpecError("\n".join(problems))
     return run_plan(plan, plugins, output=path, fmt=fmt, spec_path=spec_path, model_objects=model_objects,
                     listener=listener, resume=resume)
+
+
+def with_inferred_backend(spec: Spec, plugins: Plugins, model_objects: dict[str, Any]) -> Spec:
+    """``spec`` with the backend its first model needs, for a spec that names none (see rpx_core.adapters). A
+    factory is called once here to see what it returns; one that fails, or a meta_only model, keeps the default
+    backend, so the run reports the failure where it always did."""
+    first = spec.models[0]
+    model = model_objects.get(first.name)
+    if model is None:
+        if first.meta_only:
+            return spec
+        try:
+            model = load_callable(first.source, what=f"model {first.name!r}")(**first.kwargs)
+        except Exception:
+            return spec
+    adapters = plugins.model_adapters()
+    if adapter_for(model, adapters) is None:
+        return spec
+    try:
+        backend = infer_backend(model, adapters, plugins.backends(spec.choose), f"model {first.name!r}")
+    except RpxError:  # e.g. a [choose] entry the plan reports with the spec's key path
+        return spec
+    return attrs.evolve(spec, backend=backend, backend_inferred=False)
 
 
 def run(spec_path: str | Path, **kwargs: Any) -> RunResult:
@@ -73,6 +100,12 @@ def profile(
     (``(1, 3, 224, 224)``) or input tables (``{"shape": [1, 128], "dtype": "int64", "high": 32000}``); ``settings``
     are spec keys (backend, precision, gpus, batch_sizes, options, ...). Default stages: Tier 1 and the system card,
     plus the roofline when ``gpus`` are given."""
+    plugins = plugins or Plugins.load()
+    adapters = plugins.model_adapters()
+    if "backend" not in settings and (adapter_for(model, adapters) is not None or not callable(model)):
+        # inferred from the model (a plain callable keeps the default torch backend); an object no adapter
+        # recognises is one line naming every accepted form
+        settings["backend"] = infer_backend(model, adapters, plugins.backends(), f"model {name!r}")
     if stages is None:
         stages = (*DEFAULT_STAGES, "roofline") if settings.get("gpus") else DEFAULT_STAGES
     model_table = {"name": name, "source": f"<object>:{type(model).__name__}", "inputs": input_tables(inputs)}

@@ -137,6 +137,18 @@ class Backend:
         torch backends run under inference mode. The timer's synchronisation covers queued device work."""
         return model(*args, **kwargs)
 
+    #: True when calls return before the device has finished (JAX's async dispatch): throughput is then measured
+    #: twice, blocking on every call and pipelined (``dispatch_model`` back to back, one ``wait_for`` at the end).
+    dispatches_asynchronously: ClassVar[bool] = False
+
+    def dispatch_model(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One call that may return before the device finishes it (default: ``call_model``)."""
+        return self.call_model(model, args, kwargs)
+
+    def wait_for(self, outputs: Any, device: str) -> None:
+        """Block until ``outputs`` of dispatched calls exist (default: ``synchronize``)."""
+        self.synchronize(device)
+
     def synchronize(self, device: str) -> None:
         """Block until all queued work on ``device`` finished (no-op for synchronous runtimes)."""
 

@@ -62,9 +62,20 @@ class StageContext:
         """Call the model factory (unplaced, on whatever device the factory uses), or copy the given object so that
         placing it (dtype, device, eval mode) never changes the caller's model."""
         if self.model_object is not None:
-            return copy.deepcopy(self.model_object)
-        factory = load_callable(self.job.model.source, what=f"model {self.job.model.name!r}")
-        return factory(**self.job.model.kwargs)
+            model = copy.deepcopy(self.model_object)
+        else:
+            factory = load_callable(self.job.model.source, what=f"model {self.job.model.name!r}")
+            model = factory(**self.job.model.kwargs)
+        return self.adapt(model)
+
+    def adapt(self, model: Any) -> Any:
+        """The model as this backend runs it, through the registered model adapters (rpx_core.adapters); a context
+        built without plugins (a test's) passes it on as it is."""
+        from rpx_core.adapters import adapt_model
+
+        if self.plugins is None:
+            return model
+        return adapt_model(model, self.plugins.model_adapters(), self.backend, f"model {self.job.model.name!r}")
 
     def model(self) -> Any:
         """The model placed on the job's device at the job's precision, built once per job."""

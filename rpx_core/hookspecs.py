@@ -108,3 +108,16 @@ def rpx_register_op_formulas() -> list[OpFormula]:
             gelu = cost_table.GELU_ERF  # 5 FLOPs per element, as rpx prices an unfused GELU
             return [OpFormula("mylib::fused_gelu", flops=lambda call: gelu * call.out_numel(), library="mylib.ops")]
     """
+
+
+# -- model adapters (models in the forms users have them) ---------------------------------------------------------------
+
+
+@hookspec
+def rpx_register_model_adapters() -> list[Any]:
+    """Return model adapters (:class:`rpx_core.adapters.ModelAdapter`): each recognises one form of model object by
+    type and converts it for the backends of its framework. The backend of a spec or ``rpx.profile`` call that names
+    none is inferred from them. Called on every plugin; results are collected; names must be unique.
+
+    Example: ``return [ModelAdapter("haiku", "jax", "haiku Transformed + params", is_haiku, to_jax_model)]``.
+    """

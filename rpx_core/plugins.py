@@ -35,6 +35,7 @@ from rpx_core.results import PluginInfo
 from rpx_core.version import __version__
 
 if TYPE_CHECKING:
+    from rpx_core.adapters import ModelAdapter
     from rpx_core.backends import Backend
     from rpx_core.gpus import GPUCatalog
     from rpx_core.op_formula import OpFormula
@@ -348,6 +349,11 @@ class Plugins:
         if require_available and not backend.availability.available:
             raise BackendUnavailable(f"backend {name!r} is not available on this machine: {backend.availability.reason}")
         return backend
+
+    def model_adapters(self) -> list[ModelAdapter]:
+        """Every registered model adapter, in plugin call order (a name two plugins register is an error)."""
+        registry = self._collect("rpx_register_model_adapters", lambda a: a.name, "model adapter", {})
+        return [registry[name] for name in registry.candidates]
 
     def stages(self, choose: Choices | None = None) -> Registry[Stage]:
         return self._collect("rpx_register_stages", lambda s: s.name, "stage", choose.stages if choose else {})

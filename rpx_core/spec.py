@@ -109,6 +109,9 @@ class Spec:
     execution: Execution = attrs.Factory(Execution)  # worker processes and time limits (rpx_core.limits)
     schema: int = SCHEMA_VERSION
     base_dir: str = "."  # set by load_spec; not read from the file
+    #: True when the spec names no backend (set by spec_from_dict, not read from the file): ``run_spec`` then infers
+    #: the backend from the first model (rpx_core.adapters), falling back to ``backend``'s default.
+    backend_inferred: bool = False
 
     def output_path(self) -> Path:
         """The results file; the spec's name enters it as one safe path component (``../x`` stays inside)."""
@@ -117,7 +120,7 @@ class Spec:
     def to_data(self) -> dict[str, Any]:
         """The spec as plain data, as rpx understood it (defaults filled in), without where it was read from."""
         data = converter.unstructure(self)
-        del data["base_dir"]
+        del data["base_dir"], data["backend_inferred"]
         return data
 
     def digest(self) -> str:
@@ -161,10 +164,10 @@ def structure_spec(data: dict[str, Any], *, where: str = "<spec>", base_dir: str
     reported, then set aside (a model with an error is dropped) so the rest is still checked: one run of
     ``rpx validate`` lists every mistake. The spec is None only when nothing could be made of it."""
     problems = [f"{where}: {line}" for line in nul_problems(data)]
-    if "base_dir" in data:
-        problems.append(f"{where}: base_dir: unknown key 'base_dir' (it is set from the spec's location)")
-    data = {"name": default_name, **{key: value for key, value in data.items() if key != "base_dir"},
-            "base_dir": base_dir}
+    set_by_rpx = {"base_dir": "it is set from the spec's location", "backend_inferred": "rpx sets it"}
+    problems.extend(f"{where}: {key}: unknown key {key!r} ({why})" for key, why in set_by_rpx.items() if key in data)
+    data = {"name": default_name, **{key: value for key, value in data.items() if key not in set_by_rpx},
+            "base_dir": base_dir, "backend_inferred": "backend" not in data}
     spec = None
     for _ in range(3):  # each round sets aside what the last one found wrong
         try:
@@ -192,7 +195,7 @@ def _set_aside(data: dict[str, Any], paths: list[str]) -> dict[str, Any]:
         key, _, index = top.partition("[")
         if key == "models" and index.rstrip("]").isdigit():
             bad_models.add(int(index.rstrip("]")))
-        elif key in data and key not in ("base_dir", "name"):
+        elif key in data and key not in ("base_dir", "name", "backend_inferred"):
             del data[key]
         elif key == "<top>":
             for unknown in re.findall(r"unknown key '([^']*)'", rest or path):

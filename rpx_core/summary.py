@@ -47,6 +47,7 @@ def render_run(run: Any) -> str:
         lines += ["", "roofline lower bound, ms (whole model, fused traffic; * = memory-bound):"]
         lines += table(["model", *(key.removeprefix("roofline_").removesuffix("_ms") for key in bounds)],
                        [[name, *(_bound_cell(summary, key) for key in bounds)] for name, summary in rows])
+    lines += skipped_rooflines(run)
     for model in run.models:
         for stage, record in model.stages.items():
             if record.status != "ok":
@@ -58,6 +59,17 @@ def render_run(run: Any) -> str:
 
             lines += ["", format_table(record.result)]
     return "\n".join(lines)
+
+
+def skipped_rooflines(run: Any) -> list[str]:
+    """One line per (GPU, precision) the roofline could not bound, with the reason, so no GPU vanishes silently."""
+    lines = []
+    for model in run.models:
+        record = model.stages.get("roofline")
+        if record is not None and record.status == "ok":
+            lines += [f"{model.name}: roofline skipped for {skip.gpu} at {skip.precision}: {skip.reason}"
+                      for skip in record.result.skipped]
+    return lines
 
 
 def _bound_cell(summary: dict[str, Any], key: str) -> str:

@@ -105,7 +105,8 @@ def measure_throughput(ctx: StageContext, batch_size: int, options: LatencyOptio
     size's inputs, and each later row's peak memory would include all of them)."""
     backend, job = ctx.backend, ctx.job
     device = job.device
-    call = model_call(backend, ctx.model(), *backend.make_inputs(job.model, batch_size, job.precision, device))
+    inputs = backend.make_inputs(job.model, batch_size, job.precision, device)
+    call = model_call(backend, ctx.model(), *inputs)
     warm = warm_up(call, lambda: backend.synchronize(device), options.warmup_calls, options.warmup_seconds, deadline)
     calls = throughput_calls(options, warm.median_call_seconds)
     if warm.median_call_seconds:  # no more calls than fit before the stage's deadline (at least one)
@@ -114,7 +115,25 @@ def measure_throughput(ctx: StageContext, batch_size: int, options: LatencyOptio
     with gc_paused():
         seconds = time_calls(call, timer, calls)
     peak = backend.read_peak_memory(device)
-    return ThroughputResult(batch_size, calls, seconds, calls * batch_size / seconds, peak)
+    result = ThroughputResult(batch_size, calls, seconds, calls * batch_size / seconds, peak)
+    if not backend.dispatches_asynchronously:
+        return result
+    with gc_paused():
+        pipelined = time_pipelined(backend, ctx.model(), inputs, calls, device)
+    return attrs.evolve(result, pipelined_seconds=pipelined, pipelined_samples_per_s=calls * batch_size / pipelined)
+
+
+def time_pipelined(backend: Backend, model: Any, inputs: tuple[tuple[Any, ...], dict[str, Any]], calls: int,
+                   device: str) -> float:
+    """Seconds for ``calls`` dispatched back to back, waiting once on the last outputs (calls run in order)."""
+    args, kwargs = inputs
+    dispatch = backend.dispatch_model
+    backend.wait_for(dispatch(model, args, kwargs), device)  # nothing queued before the clock starts
+    started = time.perf_counter()
+    for _ in range(calls):
+        outputs = dispatch(model, args, kwargs)
+    backend.wait_for(outputs, device)
+    return time.perf_counter() - started
 
 
 def measure_all_throughput(ctx: StageContext, options: LatencyOptions, timer: Timer,

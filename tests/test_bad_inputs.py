@@ -100,7 +100,7 @@ CASES = {
     'gpu_typo': (
         'stages = ["roofline"]\ngpus = ["H100-SMX"]\n' + BASE,
         [],
-        "rpx: error: gpu_typo.toml: gpus[0]: GPU 'H100-SMX' not recognized. Choose one of: H100-SXM, H200-SXM, A100-SXM-80GB, A100-PCIe-40GB, A100-PCIe-80GB, A100-SXM-40GB, Apple-M2-Max-38c, Apple-M3-Max-40c, H100-PCIe, Jetson-AGX-Orin-64GB, Jetson-Orin-Nano-8GB, L4, L40S, MI300X, RTX-3090, RTX-4090, RTX-6000-Ada, T4, TPU-v5e, V100-SXM2-16GB, V100-SXM2-32GB",
+        "rpx: error: gpu_typo.toml: gpus[0]: GPU 'H100-SMX' not recognized. Choose one of: H100-SXM, H200-SXM, A100-SXM-80GB, A100-PCIe-40GB, A100-PCIe-80GB, A100-SXM-40GB, Apple-M2-Max-38c, Apple-M3-Max-40c, H100-PCIe, Jetson-AGX-Orin-64GB, Jetson-Orin-Nano-8GB, L4, L40S, MI300X, RTX-3090, RTX-4090, RTX-6000-Ada, T4, TPU-v4, TPU-v5e, TPU-v5p, TPU-v6e, V100-SXM2-16GB, V100-SXM2-32GB",
     ),
     'options_unknown_stage': (
         '[options.count_flop]\nbackward = true\n' + BASE,

@@ -396,8 +396,14 @@ def test_count_options_apply_as_for_torch(plugins):
     assert list(flops.by_operator) == ["conv_general_dilated", OTHERS]  # the larger kept, the rest summed
     others = flops.by_operator[OTHERS]  # the reshape and the head matmul, summed
     assert (others.calls, others.matrix_flops, others.other_flops) == (2, 2 * head_macs, 0)
-    backward = profile(plugins, model, inputs, ["count_flops"], options={"count_flops": {"backward": True}})
-    assert "counts forward passes only" in backward.stages["count_flops"].error
+    backward = ok(profile(plugins, model, inputs, ["count_flops"], options={"count_flops": {"backward": True}}),
+                  "count_flops")
+    # batch 2 as written; the gradient w.r.t. the params only (the input needs none): the head's weight gradient
+    # (flat^T @ g) and its input gradient (g @ head^T), then the conv's weight gradient (x convolved with that), one
+    # forward-sized matrix product each
+    conv2, head2 = 2 * (4 * 6 * 6) * 3 * 9, 2 * (4 * 6 * 6) * 5
+    assert backward.backward and backward.macs == (conv2 + head2) + (conv2 + 2 * head2)
+    assert set(backward.by_phase) == {"forward", "backward"}
 
 
 def test_abstract_params_are_counted_but_never_run(plugins):
@@ -431,6 +437,8 @@ def test_an_mlp_through_tier1_and_measured_latency(plugins, tmp_path):
     measured = ok(result, "measure_latency")
     assert measured.samples_count >= 5 and 0 < measured.min_ms <= measured.max_ms
     assert [t.batch_size for t in measured.throughput] == [1, 4] and all(t.samples_per_s > 0 for t in measured.throughput)
+    # JAX dispatches asynchronously: the same calls pipelined (one wait at the end) are reported beside the blocking ones
+    assert all(t.pipelined_samples_per_s > 0 and t.pipelined_seconds > 0 for t in measured.throughput)
     assert measured.peak_memory.peak_bytes > 0 and "RSS" in measured.peak_memory.method
     assert all(result.stages[stage].provided_by == "jax-counts" for stage in TIER1)
 
@@ -446,3 +454,85 @@ def test_the_example_spec_runs_tier1_and_roofline(plugins):
     for model in run.models:
         for bound in (b for by_precision in model.result("roofline").gpus.values() for b in by_precision.values()):
             assert bound.per_operator_ms >= bound.bound_ms_unfused * (1 - 1e-12), (model.name, bound.gpu)
+
+
+# -- control flow and custom kernels, as documented in rpx_plugins.jax.jaxpr --------------------------------------------
+
+
+def test_a_cond_records_every_branch_and_counts_the_largest(plugins):
+    def apply(w, x):
+        return jax.lax.cond(x.sum() > 0, lambda a: jnp.tanh(a), lambda a: a @ w, x)
+
+    flops = ok(profile(plugins, JaxModel(apply, jnp.ones((32, 32))), [{"shape": [8, 32]}], ["count_flops"]),
+               "count_flops")
+    # branch 0 (false: the matmul) 2*8*32*32 FLOPs, branch 1 (tanh) 8*32; the sum and the compare outside: 8*32 + 1
+    assert flops.macs == 8 * 32 * 32 and flops.other_flops == 8 * 32 + 1
+    (note,) = flops.control_flow
+    assert f"branch 0: {2 * 8 * 32 * 32} FLOPs" in note and f"branch 1: {8 * 32} FLOPs" in note
+    assert "counted branch 0, the largest" in note
+
+
+def test_a_bounded_while_counts_its_trip_count_and_an_unbounded_one_takes_the_option(plugins):
+    def bounded(w, x):
+        return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] @ w), (0, x))[1]
+
+    flops = ok(profile(plugins, JaxModel(bounded, jnp.ones((4, 4))), [{"shape": [2, 4]}], ["count_flops"]),
+               "count_flops")
+    assert flops.macs == 3 * 2 * 4 * 4  # three iterations of [2,4] @ [4,4]
+    assert flops.other_flops == 4 + 3  # the condition's compare runs 4 times, the counter's add 3
+    assert "body counted 3 times (its static trip count 3)" in flops.control_flow[0]
+
+    def unbounded(w, x):
+        return jax.lax.while_loop(lambda c: c.sum() < 100.0, lambda c: c @ w, x)
+
+    options = {"count_flops": {"while_iterations": 5}}
+    flops = ok(profile(plugins, JaxModel(unbounded, jnp.ones((4, 4))), [{"shape": [2, 4]}], ["count_flops"],
+                       options=options), "count_flops")
+    assert flops.macs == 5 * 2 * 4 * 4 and "while_iterations = 5" in flops.control_flow[0]
+
+
+def test_a_pallas_kernel_is_listed_uncounted_with_its_calls_and_the_rest_is_counted(plugins):
+    from jax.experimental import pallas as pl
+
+    def double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    def apply(w, x):
+        y = x @ w
+        return pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct(y.shape, y.dtype), interpret=True)(y)
+
+    result = profile(plugins, JaxModel(apply, jnp.ones((64, 32))), [{"shape": [8, 64]}], ["count_flops", "estimate_traffic"])
+    flops = ok(result, "count_flops")
+    assert flops.uncounted_ops == {"pallas_call": 1} and flops.macs == 8 * 64 * 32
+    kernel = [r for r in ok(result, "estimate_traffic").op_records if r.op == "pallas_call"]
+    assert [(r.count, r.bytes_read, r.bytes_written) for r in kernel] == [(1, 8 * 32 * 4, 8 * 32 * 4)]
+
+
+def test_fp8_and_int8_are_counted_on_abstract_values_at_one_byte(plugins):
+    for precision in ("fp8", "int8"):
+        result = profile(plugins, dense_relu_model(), [{"shape": [8, 64]}], TIER1, precision=precision)
+        assert ok(result, "count_flops").macs == 8 * 64 * 32
+        traffic = ok(result, "estimate_traffic")
+        assert traffic.weight_bytes == 64 * 32 + 32 and traffic.input_bytes == 8 * 64  # 1 byte per element
+        assert ok(result, "count_params").bytes_at_precision == 64 * 32 + 32
+
+
+# -- TPUs in the reference pack, and every skipped roofline on the console -----------------------------------------------
+
+
+def test_tpus_are_in_the_reference_pack_with_their_sources(plugins):
+    catalog = plugins.gpu_catalog()
+    figures = {name: (catalog.get(name).peak("bf16").tflops, catalog.get(name).bandwidth_gb_s)
+               for name in ("TPU-v4", "TPU-v5e", "TPU-v5p", "TPU-v6e")}
+    assert figures == {"TPU-v4": (275, 1200), "TPU-v5e": (197, 819), "TPU-v5p": (459, 2765), "TPU-v6e": (918, 1638)}
+    assert all("cloud.google.com/tpu/docs" in catalog.get(name).source for name in figures)
+    assert catalog.get("TPU v6 lite").name == "TPU-v6e"  # the device_kind JAX reports matches the entry
+
+
+def test_a_roofline_skipped_for_a_missing_peak_is_shown_on_the_console_with_its_reason(plugins):
+    from rpx_core.summary import render_run
+
+    spec = spec_from_dict({"backend": "jax", "stages": ["roofline"], "gpus": ["TPU-v5e", "H100-SXM"],
+                           "models": [{"name": "m", "source": "<object>:model", "inputs": [{"shape": [8, 64]}]}]})
+    run = run_spec(spec, plugins=plugins, output=None, model_objects={"m": dense_relu_model()})
+    assert "m: roofline skipped for TPU-v5e at fp32: GPU 'TPU-v5e' has no fp32 peak" in render_run(run)

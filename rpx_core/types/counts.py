@@ -71,6 +71,23 @@ class ModuleStats:
 
 
 @attrs.frozen
+class CompilerFigures:
+    """A compiler's own cost figures for the counted program, beside rpx's (XLA's ``cost_analysis`` and
+    ``memory_analysis`` of the compiled, fused program). Information only: nothing else uses them; ``differences``
+    says in words why they differ from rpx's counts."""
+
+    source: str  # e.g. "XLA cost_analysis() of the compiled program on cpu, per device"
+    flops: float | None = None  # the compiler's FLOPs (XLA: includes type conversions, a loop body once)
+    transcendentals: float | None = None  # its count of transcendental elements (exp, log, tanh, rsqrt, ...)
+    bytes_accessed: float | None = None  # bytes its fused kernels read and write
+    temp_bytes: int | None = None  # scratch buffers of the compiled program
+    output_bytes: int | None = None  # output buffers of the compiled program
+    rpx_transcendentals: int | None = None  # rpx's count of the same elements (included in other_flops at 1 each)
+    differences: tuple[str, ...] = ()  # why these differ from rpx's figures, one reason per line
+    error: str | None = None  # why there are no figures (the program did not compile here)
+
+
+@attrs.frozen
 class FlopsResult:
     """FLOPs and MACs of one forward pass (or forward + backward), with where they came from."""
 
@@ -96,6 +113,14 @@ class FlopsResult:
     fallback_reason: str | None = None
     #: Operators priced by a plugin's formula (rpx_register_op_formulas) -> that plugin; empty when none was.
     plugin_formulas: dict[str, str] = attrs.Factory(dict)
+    #: Devices the counted program runs on (a sharded or shard_map program's mesh); None for one device.
+    devices: int | None = None
+    #: total_flops / devices: exact for shard_map/pmap bodies and evenly sharded programs; None for one device.
+    per_device_flops: int | None = None
+    #: How control flow and custom kernels were counted, one line each (cond branches, while trip counts, kernels).
+    control_flow: tuple[str, ...] = ()
+    #: The compiler's own figures for the same program (JAX: XLA's), with the differences explained.
+    compiler_figures: CompilerFigures | None = None
 
 
 @attrs.frozen
@@ -129,6 +154,11 @@ class ParamsResult:
     buffers: int  # buffer elements (e.g. batch-norm running statistics), shared buffers once
     bytes_at_precision: int  # parameters + buffers, floating tensors at the precision's element size, others as stored
     precision: str  # the precision bytes_at_precision assumes: fp32/tf32 4 bytes, fp16/bf16 2, fp8/int8 1
+    #: Elements of arrays the model's function closes over (JAX constants): neither parameters nor buffers, not in
+    #: ``total`` or ``bytes_at_precision``; None where the backend has no such notion.
+    constants: int | None = None
+    constant_bytes: int | None = None  # their bytes at their own dtype (they are baked into the program as they are)
+    notes: tuple[str, ...] = ()  # caveats, e.g. constants that stay float32 at a bf16 precision
 
 
 def _one_of(*choices: str) -> Callable[[Any, Any, Any], None]:
@@ -159,6 +189,9 @@ class CountOptions:
     #: the saved log-sum-exp, as flash and efficient kernels do; torch's FlopCounterMode convention for those kernels).
     attention_backward: str = attrs.field(default="without_recompute", validator=_one_of("without_recompute",
                                                                                          "with_recompute"))
+    #: JAX: iterations to count a ``while`` loop whose trip count is not static (an upper bound you choose); such a
+    #: loop is refused without it. Loops with a static trip count are always counted exactly.
+    while_iterations: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(0)))
 
 
 T = TypeVar("T")

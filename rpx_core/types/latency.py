@@ -51,6 +51,11 @@ class ThroughputResult:
     samples_per_s: float | None = None  # calls * batch_size / seconds
     peak_memory: MemoryPeak | None = None  # peak of the timed region at this batch size
     error: str | None = None  # why there is no figure (e.g. out of memory)
+    #: Backends that dispatch asynchronously (JAX): ``calls`` dispatched back to back without waiting for each, one
+    #: wait on the last outputs at the end, so host dispatch overlaps device work as in a serving loop; the figures
+    #: above block on every call. None for synchronous backends.
+    pipelined_seconds: float | None = None
+    pipelined_samples_per_s: float | None = None
 
 
 @attrs.frozen

@@ -1,1 +1,6 @@
-"""JAX plugins: the jax backend and the Tier 1 stage hooks that count a model's jaxpr."""
+"""The JAX backend and its Tier 1 counts. ``JaxModel`` is the form every JAX model becomes (see adapters); importing
+this package does not import jax."""
+
+from rpx_plugins.jax.model import BUFFER, NON_TRAINABLE, TRAINABLE, JaxModel
+
+__all__ = ["JaxModel", "TRAINABLE", "NON_TRAINABLE", "BUFFER"]

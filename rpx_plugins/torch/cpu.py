@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
+from rpx_core.adapters import ModelAdapter
 from rpx_core.backends import Availability, Backend, MemoryPeak
 from rpx_core.hookspecs import hookimpl
 from rpx_plugins.host_memory import HostPeakTracker, is_host_out_of_memory
@@ -46,3 +47,17 @@ class CpuBackend(TorchBackend):
 @hookimpl
 def rpx_register_backends() -> list[Backend]:
     return [CpuBackend()]
+
+
+def is_torch_module(model: object) -> bool:
+    """A torch.nn.Module; torch is only consulted when already imported, since a module object implies it."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(model, torch.nn.Module)
+
+
+@hookimpl
+def rpx_register_model_adapters() -> list[ModelAdapter]:
+    """torch.nn.Module models run as they are on the torch backends (cpu, cuda, mps)."""
+    return [ModelAdapter("torch-module", "torch", "torch.nn.Module", is_torch_module, lambda model: model)]

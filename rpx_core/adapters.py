@@ -1,0 +1,72 @@
+"""Model adapters: how a model object as a user has it (a Flax module and its variables, an Equinox module, a
+TrainState, ...) becomes the object a backend runs, and which backend that is when the spec or call names none.
+
+An adapter is a registration object returned by a plugin's ``rpx_register_model_adapters`` hook. It names the
+framework it feeds (a backend's ``framework``), recognises objects by type (``accepts``, which must be cheap and must
+not import a library the object cannot come from) and converts them (``adapt``). The built-in JAX adapters live in
+:mod:`rpx_plugins.jax.adapters`; a plugin for another JAX library registers its own the same way.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+import attrs
+
+from rpx_core.errors import UnsupportedError
+
+if TYPE_CHECKING:
+    from rpx_core.backends import Backend
+
+
+@attrs.frozen
+class ModelAdapter:
+    """Recognises one form of model object and converts it for the backends of ``framework``."""
+
+    name: str  # unique, e.g. "flax-linen"
+    framework: str  # the Backend.framework it feeds, e.g. "jax"
+    form: str  # the accepted form in words, for the message listing every form, e.g. "(linen module, variables)"
+    accepts: Callable[[Any], bool]
+    adapt: Callable[[Any], Any]  # -> the object the framework's backends place and count
+
+
+def adapter_for(model: Any, adapters: Iterable[ModelAdapter], framework: str | None = None) -> ModelAdapter | None:
+    """The first adapter (of ``framework``, if given) that accepts ``model``."""
+    return next((a for a in adapters if (framework is None or a.framework == framework) and a.accepts(model)), None)
+
+
+def accepted_forms(adapters: Iterable[ModelAdapter], framework: str | None = None) -> str:
+    return "; ".join(f"{a.form} [{a.framework}]" for a in adapters if framework is None or a.framework == framework)
+
+
+def adapt_model(model: Any, adapters: list[ModelAdapter], backend: Backend, what: str) -> Any:
+    """``model`` converted for ``backend`` by the first of its framework's adapters that accepts it. A model only
+    another framework's adapter recognises is one line naming the framework that runs it; a model no adapter
+    recognises is passed on unchanged, for the backend to run or refuse (torch backends run any callable)."""
+    adapter = adapter_for(model, adapters, backend.framework)
+    if adapter is not None:
+        return adapter.adapt(model)
+    other = adapter_for(model, adapters)
+    if other is not None:
+        raise UnsupportedError(
+            f"{what} is a {other.form} model, which {other.framework!r} backends run, but backend {backend.name!r} "
+            f"runs {backend.framework!r} models: name a {other.framework} backend (`rpx backends`), or none to infer it"
+        )
+    return model
+
+
+def infer_backend(model: Any, adapters: list[ModelAdapter], backends: Mapping[str, Backend] | Any, what: str) -> str:
+    """The backend for ``model`` when none is named: the first available backend (in registration order) of the
+    framework whose adapter accepts it; one line listing every accepted form otherwise."""
+    adapter = adapter_for(model, adapters)
+    if adapter is None:
+        raise UnsupportedError(
+            f"cannot tell which backend runs {what} (a {type(model).__module__}.{type(model).__qualname__}); "
+            f"accepted forms: {accepted_forms(adapters)}; or name a backend"
+        )
+    names = list(getattr(backends, "candidates", backends))  # a plugins Registry: in registration order
+    fitting = [name for name in names if backends[name].framework == adapter.framework]
+    available = [name for name in fitting if backends[name].availability.available]
+    if not fitting:
+        raise UnsupportedError(f"{what} is a {adapter.form} model, but no backend runs {adapter.framework!r} models")
+    return (available or fitting)[0]
