@@ -172,7 +172,7 @@ def profile_lines(report: Report, out: Path, device: str, precisions: tuple[str,
         path = out / f"gpu-check-{precision}.toml"
         started = time.perf_counter()
         run = run_spec(attrs.evolve(spec, backend=device, device=f"{device}:0" if device == "cuda" else device,
-                                    precision=precision, output=str(path)), spec_path=str(path))  # fmt: skip
+                                    precision=precision, output=str(path)), spec_path=str(PROFILE_SPEC))  # fmt: skip
         seconds = time.perf_counter() - started
         for model in run.models:
             failed = {stage: record.error for stage, record in model.stages.items() if record.status != "ok"}
@@ -209,7 +209,7 @@ def batch_search_lines(report: Report, out: Path, device: str) -> None:
     path = out / "gpu-batch-search.toml"
     spec = attrs.evolve(spec, backend=device, device=f"{device}:0" if device == "cuda" else device, output=str(path))
     started = time.perf_counter()
-    run = run_spec(spec, spec_path=str(path))
+    run = run_spec(spec, spec_path=str(BATCH_SEARCH_SPEC))
     record = run.run_stages["batch_search"]
     if record.status != "ok":
         report.line("FAIL", "batch search", f"{record.status}: {record.error}")
