@@ -18,6 +18,7 @@ from rpx_core.pipeline import Listener, run_plan
 from rpx_core.plan import make_plan
 from rpx_core.plugins import Plugins
 from rpx_core.results import ModelResult, RunResult
+from rpx_core.sources import split
 from rpx_core.spec import DEFAULT_STAGES, Spec, load_spec, spec_from_dict
 
 __all__ = ["load_spec", "run_spec", "run", "profile", "load_results"]
@@ -65,8 +66,8 @@ def with_inferred_backend(spec: Spec, plugins: Plugins, model_objects: dict[str,
     first = spec.models[0]
     model = model_objects.get(first.name)
     if model is None:
-        if first.meta_only:
-            return spec
+        if first.meta_only or split(first.source, plugins.model_sources(spec.choose)):
+            return spec  # never built here: a named model may be far larger than this machine (built on meta later)
         try:
             model = load_callable(first.source, what=f"model {first.name!r}")(**first.kwargs)
         except Exception:

@@ -6,12 +6,11 @@ A :class:`Job` holds only data, so a future executor can send it to a worker pro
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import attrs
 
 from rpx_core.errors import UnsupportedError
-from rpx_core.loading import load_callable
 from rpx_core.precision import Precision, get_precision
 from rpx_core.spec import ModelSpec
 
@@ -48,6 +47,7 @@ class StageContext:
     #: estimate_traffic). Not written to results.
     cache: dict[str, Any] = attrs.Factory(dict)
     model_object: Any = None  # a live model given through the Python API instead of an import path
+    choose: Any = None  # the spec's [choose] table (rpx_core.spec.Choices), for a model source two plugins register
 
     @property
     def precision(self) -> Precision:
@@ -64,9 +64,16 @@ class StageContext:
         if self.model_object is not None:
             model = copy.deepcopy(self.model_object)
         else:
-            factory = load_callable(self.job.model.source, what=f"model {self.job.model.name!r}")
-            model = factory(**self.job.model.kwargs)
+            model = self.model_factory()()
         return self.adapt(model)
+
+    def model_factory(self) -> Callable[[], Any]:
+        """A no-argument function building the job's model: through its model source for a named model
+        (``hf:...``), else the import path called with the model's kwargs (rpx_core.sources)."""
+        from rpx_core.sources import factory
+
+        registry = self.plugins.model_sources(self.choose) if self.plugins is not None else None
+        return factory(self.job.model, registry)
 
     def adapt(self, model: Any) -> Any:
         """The model as this backend runs it, through the registered model adapters (rpx_core.adapters); a context

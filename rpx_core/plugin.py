@@ -6,7 +6,8 @@ options, and FLOP formulas for operators the counter does not know.
 
 * Hooks: :data:`hookimpl` (with pluggy's ``tryfirst``/``trylast`` to order implementations).
 * Registration objects: :class:`Backend` (with :class:`TorchBackend`, the base of the cpu/cuda/mps backends, for a new
-  torch accelerator, and :class:`CpuBackend` for variants of the host backend), :class:`Stage` declarations.
+  torch accelerator, and :class:`CpuBackend` for variants of the host backend), :class:`Stage` declarations,
+  :class:`ModelSource` (models by name: ``source = "myzoo:name"``).
 * What hooks receive: :class:`StageContext`, :class:`RunContext`, :class:`Job`, :class:`ModelSpec`, :class:`InputSpec`.
 * Result and option types of the built-in stages, and the helpers results are built with (:mod:`rpx_core.stats`
   percentiles as :data:`stats`, :class:`MemoryPeak`, :class:`Timer`).
@@ -15,7 +16,8 @@ options, and FLOP formulas for operators the counter does not know.
 * Operator formulas: :class:`OpFormula` (what ``rpx_register_op_formulas`` returns) and :mod:`rpx_core.cost_table`
   as :data:`cost_table` (the per-element FLOP costs behind every ``other_flops``).
 * Errors: :class:`RpxError` (the user can fix it: one line, exit 2), :class:`UnsupportedError` (a figure cannot be
-  produced: said out loud, never a zero).
+  produced: said out loud, never a zero), :class:`NotApplicable` (a stage does not apply to this model: recorded as
+  not applicable with the reason).
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from __future__ import annotations
 from rpx_core import cost_table, stats
 from rpx_core.backends import Availability, Backend, MemoryPeak, Timer
 from rpx_core.context import Job, RunContext, StageContext
-from rpx_core.errors import RpxError, UnsupportedError
+from rpx_core.errors import NotApplicable, RpxError, UnsupportedError
 from rpx_core.gpus import GPUCatalog, GPUSpec, Peak
 from rpx_core.hookspecs import hookimpl
 from rpx_core.op_formula import OpFormula
 from rpx_core.precision import PRECISIONS, Precision, get_precision
+from rpx_core.sources import ModelSource
 from rpx_core.spec import InputSpec, ModelSpec
 from rpx_core.stages import Stage
 from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult
@@ -49,7 +52,7 @@ from rpx_plugins.torch.cpu import CpuBackend
 __all__ = [
     "hookimpl",
     # registration objects
-    "Backend", "TorchBackend", "CpuBackend", "Availability", "Stage",
+    "Backend", "TorchBackend", "CpuBackend", "Availability", "Stage", "ModelSource",
     # what hooks receive
     "StageContext", "RunContext", "Job", "ModelSpec", "InputSpec",
     # results, options and the helpers they are built with
@@ -63,5 +66,5 @@ __all__ = [
     # operator formulas
     "OpFormula", "cost_table",
     # errors
-    "RpxError", "UnsupportedError",
+    "RpxError", "UnsupportedError", "NotApplicable",
 ]

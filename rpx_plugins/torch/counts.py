@@ -12,9 +12,8 @@ from typing import Any
 import attrs
 
 from rpx_core.context import StageContext
-from rpx_core.errors import UnsupportedError
+from rpx_core.errors import NotApplicable, UnsupportedError
 from rpx_core.hookspecs import hookimpl
-from rpx_core.loading import load_callable
 from rpx_core.types.counts import CountOptions, FlopsResult, ParamsResult, TrafficResult
 
 #: What building or running a model on meta can fail with (the counter's CountingError is a RuntimeError); any other
@@ -52,17 +51,28 @@ def meta_model(ctx: StageContext) -> Any:
         from rpx_plugins.torch.backend import torch_dtype
         from rpx_plugins.torch.counter import build_on_meta
 
-        factory = load_callable(ctx.job.model.source, what=f"model {ctx.job.model.name!r}")
-        model = build_on_meta(factory, **ctx.job.model.kwargs)
+        model = looked_inside(ctx, build_on_meta(ctx.model_factory()))
         ctx.cache["meta_model"] = model.eval().to(dtype=torch_dtype(counted_precision(ctx.job.precision)))
     return ctx.cache["meta_model"]
+
+
+def looked_inside(ctx: StageContext, model: Any) -> Any:
+    """``model`` when it is a torch.nn.Module; any other callable (a client of a served model, a compiled artefact)
+    is opaque: its counted stages are not applicable, said with the reason, while its measured stages run."""
+    import torch
+
+    if isinstance(model, torch.nn.Module):
+        return model
+    kind = f"{type(model).__module__}.{type(model).__qualname__}"
+    raise NotApplicable(f"model {ctx.job.model.name!r} is a {kind}, not a torch.nn.Module: rpx cannot look inside "
+                        "it, so it is not counted (measured stages still run)")
 
 
 def given_object(ctx: StageContext) -> tuple[Any, str]:
     """A live model passed through the Python API is counted as it is; its dtype must match the precision."""
     from rpx_plugins.torch.backend import torch_dtype
 
-    model = ctx.model_object
+    model = looked_inside(ctx, ctx.model_object)
     floating = [p for p in model.parameters() if p.is_floating_point()]
     expected = torch_dtype(counted_precision(ctx.job.precision))
     if floating and floating[0].dtype != expected:
@@ -92,14 +102,14 @@ def counted_where_asked(ctx: StageContext, options: CountOptions) -> tuple[Any, 
         if stand_in:
             raise UnsupportedError(f"precision {ctx.job.precision!r} is counted on the meta device only (torch backends "
                                    "cannot execute it); set [options.count_flops] count_on = \"meta\" or \"auto\"")
-        return count_pass(ctx, ctx.model(), ctx.job.device, options), None
+        return count_pass(ctx, looked_inside(ctx, ctx.model()), ctx.job.device, options), None
     try:
         return count_pass(ctx, meta_model(ctx), "meta", options), None
     except META_FAILURES as error:
         if options.count_on == "meta" or ctx.job.model.meta_only or stand_in:
             raise
         ctx.cache.pop("meta_model", None)
-        report = count_pass(ctx, ctx.model(), ctx.job.device, options)
+        report = count_pass(ctx, looked_inside(ctx, ctx.model()), ctx.job.device, options)
         return report, f"could not count on meta: {describe(error)}; counted on {report.flops.counted_on}"
 
 
@@ -130,13 +140,13 @@ def rpx_count_params(ctx: StageContext) -> ParamsResult | None:
     from rpx_plugins.torch.params import count_parameters
 
     if ctx.model_object is not None:
-        return count_parameters(ctx.model_object, ctx.job.precision)
+        return count_parameters(looked_inside(ctx, ctx.model_object), ctx.job.precision)
     try:
         model = meta_model(ctx)
     except META_FAILURES:
         if ctx.job.model.meta_only:
             raise
-        model = ctx.build_model()  # the factory cannot build on meta: count a real, unplaced model
+        model = looked_inside(ctx, ctx.build_model())  # the factory cannot build on meta: count a real, unplaced model
     return count_parameters(model, ctx.job.precision)
 
 
