@@ -141,7 +141,8 @@ def run_stage(stage: Stage, ctx: Any, plugins: Plugins, failed_needs: list[str],
     The record names the plugin that answered, or the one that was answering when the stage failed. A stage that
     raises NotApplicable, or whose unmet needs all do not apply to the model, is ``not_applicable``."""
     if failed_needs and len(inapplicable) == len(failed_needs):
-        return StageRecord("not_applicable", error=f"needs {', '.join(failed_needs)}, which do not apply to this model")
+        verb = "does" if len(failed_needs) == 1 else "do"
+        return StageRecord("not_applicable", error=f"needs {', '.join(failed_needs)}, which {verb} not apply to this model")
     if failed_needs:
         return StageRecord("skipped", error=f"needs {', '.join(failed_needs)}, which did not succeed")
     started = time.perf_counter()
