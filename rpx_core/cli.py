@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 from rpx_core.commands import gpus as gpus_command
 from rpx_core.commands import init as init_command
 from rpx_core.commands import profile as profile_command
+from rpx_core.commands.common import load_plugins, print_progress
 from rpx_core.exit_codes import ExitCode, for_signal
 from rpx_core.version import __version__
 
@@ -75,13 +76,6 @@ def add_common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> No
                         **(keep or {"default": None}))
 
 
-def load_plugins(args: argparse.Namespace, *, tolerant: bool = False):
-    from rpx_core.plugins import Plugins
-
-    return Plugins.load([*args.disable, *getattr(args, "disable_after", [])], strict=args.strict_plugins,
-                        tolerant=tolerant)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from rpx_core.api import run_spec
     from rpx_core.checks import validate
@@ -98,13 +92,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(render_run(result))
     print(f"results: {output}")
     return EXIT_OK if result.ok else EXIT_STAGE_FAILED
-
-
-def print_progress(model: str, stage: str, record: Any) -> None:
-    detail = f"{record.seconds:.2f} s" if record.seconds is not None else ""
-    if record.error:
-        detail = f"{detail}  {record.error.splitlines()[0]}".strip()
-    print(f"  {model:<20} {stage:<18} {record.status:<8} {detail}", file=sys.stderr)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

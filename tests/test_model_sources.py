@@ -8,6 +8,7 @@ small stand-in packages with the libraries' call signatures, and the real "not i
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 import tomllib
@@ -275,3 +276,12 @@ def test_rpx_plugins_lists_the_model_sources() -> None:
     sources = {row["scheme"]: row for row in json.loads(done.stdout)["model_sources"]}
     assert set(sources) >= {"hf", "torchvision", "timm"} and sources["hf"]["plugin"] == "model-sources"
     assert "model sources (source = \"<scheme>:<name>\"):" in rpx_cli("plugins").stdout
+
+
+def test_validate_of_a_named_model_imports_neither_torch_nor_transformers(llama_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "spec.toml").write_text('stages = ["count_flops"]\n[[models]]\nname = "l"\nsource = "hf:./llama"\n'
+                                        'input_shape = [1, 64]\n')
+    probe = ("import sys\nfrom rpx_core.cli import main\ncode = main(['validate', 'spec.toml'])\n"
+             "print('CODE', code, 'HEAVY', sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.stdout.strip().splitlines()[-1] == "CODE 0 HEAVY []", done.stdout + done.stderr

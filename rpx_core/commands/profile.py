@@ -30,7 +30,8 @@ def comma_list(text: str | None) -> tuple[str, ...]:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from rpx_core.api import run_spec
-    from rpx_core.cli import EXIT_OK, EXIT_STAGE_FAILED, load_plugins, print_progress
+    from rpx_core.commands.common import load_plugins, print_progress
+    from rpx_core.exit_codes import ExitCode
     from rpx_core.safe_write import atomic_write
     from rpx_core.sources import parse_shape
     from rpx_core.spec import spec_from_dict
@@ -51,5 +52,5 @@ def cmd_profile(args: argparse.Namespace) -> int:
     result = run_spec(spec, output=output, plugins=plugins, spec_path=None, listener=print_progress)
     print(render_run(result))
     print(f"results: {output}")
-    return EXIT_OK if result.ok else EXIT_STAGE_FAILED
+    return ExitCode.OK if result.ok else ExitCode.FAILED
 

@@ -21,7 +21,7 @@ from rpx_core.sources import ModelSource, import_or_explain
 from rpx_core.spec import InputSpec
 
 SCHEME = "hf"
-INSTALL = "pip install transformers (weights are never downloaded; only the configuration is read)"
+INSTALL = "pip install 'rpx[hf]' (transformers; weights are never downloaded, only the configuration is read)"
 
 
 def is_local(target: str) -> bool:
