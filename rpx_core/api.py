@@ -39,17 +39,19 @@ def run_spec(
     listener: Listener | None = None,
     execution: Mapping[str, Any] | None = None,
     resume: bool = False,
+    where: str | None = None,
 ) -> RunResult:
     """Run a loaded spec. Results are written to ``output`` as they are measured, in ``fmt`` (default: JSON for a
     .json suffix, else TOML). ``execution`` overrides keys of the spec's ``[execution]`` table (isolation, timeouts);
-    ``resume`` continues the run already in ``output`` (see rpx_core.resume)."""
+    ``resume`` continues the run already in ``output`` (see rpx_core.resume). ``where`` names the spec in problem
+    lines (default: ``spec_path``)."""
     plugins = plugins or Plugins.load()
     if execution:
         spec = attrs.evolve(spec, execution=structure({**converter.unstructure(spec.execution), **execution}, Execution,
                                                       where=spec_path or "<spec>", base_path="execution"))
     if spec.backend_inferred:
         spec = with_inferred_backend(spec, plugins, model_objects or {})
-    where = spec_path or "<spec>"
+    where = where or spec_path or "<spec>"
     plan = make_plan(spec, plugins, where=where, stages=tuple(stages) if stages is not None else None)
     path = spec.output_path() if output is DEFAULT else (Path(output) if output is not None else None)
     problems = run_problems(spec, plan, plugins, where=where, output=path, spec_path=spec_path)

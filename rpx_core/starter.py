@@ -38,7 +38,7 @@ def model_source(model: str | None) -> str:
     if model.endswith(".py"):
         return f"{model}:{build_function(Path(model))}"
     raise RpxError(f"model {model!r}: give an import path 'package.module:callable', a file 'model.py' or "
-                   f"'model.py:callable', or a named model such as 'hf:gpt2'")
+                   f"'model.py:callable', or a named model such as 'hf:{model}' or 'torchvision:{model}'")
 
 
 def build_function(path: Path) -> str:

@@ -142,6 +142,9 @@ def test_validate_reports_source_problems_in_one_line_each_without_importing(tmp
     for want in expected:
         assert any(want in line for line in lines), (want, lines)
     assert len(lines) == len(expected)
+    offline = rpx_cli("validate", str(path), env={**OFFLINE, "HF_HUB_CACHE": str(tmp_path / "empty")})
+    assert ("models[3].source: 'gpt2' is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 keeps rpx off the "
+            "hub") in offline.stderr
 
 
 @pytest.mark.skipif(not (vision.TORCHVISION.missing() and vision.TIMM.missing()), reason="torchvision/timm installed")

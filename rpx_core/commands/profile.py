@@ -38,8 +38,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from rpx_core.starter import relocate, render, spec_data
     from rpx_core.summary import render_run
 
+    stages = comma_list(args.stages) if args.stages is not None else None
     data = spec_data(args.model, parse_shape(args.input) if args.input else None, gpus=comma_list(args.gpus),
-                     precision=args.precision, stages=comma_list(args.stages), backend=args.backend)
+                     precision=args.precision, stages=stages, backend=args.backend)
     if args.output:
         data["output"] = args.output
     plugins = load_plugins(args)
@@ -49,7 +50,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         atomic_write(saved, render(relocate(data, saved.parent)))
         print(f"spec: {saved}")
     output = spec.output_path()
-    result = run_spec(spec, output=output, plugins=plugins, spec_path=None, listener=print_progress)
+    result = run_spec(spec, output=output, plugins=plugins, stages=stages, listener=print_progress, where="rpx profile")
     print(render_run(result))
     print(f"results: {output}")
     return ExitCode.OK if result.ok else ExitCode.FAILED

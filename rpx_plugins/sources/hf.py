@@ -31,6 +31,9 @@ def is_local(target: str) -> bool:
 
 def check(target: str, config: Mapping[str, Any]) -> list[str]:
     if not is_local(target):
+        if os.environ.get("HF_HUB_OFFLINE") == "1" and cached_config(target) is None:
+            return [f"{target!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 keeps rpx off the hub "
+                    "(give a folder holding config.json, or go online once)"]
         return []
     folder = Path(target).expanduser()
     if not folder.is_dir():
@@ -55,7 +58,8 @@ def known_config(target: str) -> dict[str, Any] | None:
 
 def cached_config(target: str) -> Path | None:
     """The cached ``config.json`` of a hub id, if the local Hugging Face cache holds it."""
-    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
+    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "huggingface"
+    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(home) / "hub")  # where huggingface_hub looks, in its order
     snapshots = hub.expanduser() / f"models--{target.replace('/', '--')}" / "snapshots"
     found = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime) if snapshots.is_dir() else []
     return found[-1] if found else None
