@@ -288,3 +288,27 @@ def test_validate_of_a_named_model_imports_neither_torch_nor_transformers(llama_
              "print('CODE', code, 'HEAVY', sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.stdout.strip().splitlines()[-1] == "CODE 0 HEAVY []", done.stdout + done.stderr
+
+
+def test_a_cached_hub_config_gives_the_vocabulary_and_passes_offline(tmp_path: Path, monkeypatch) -> None:
+    snapshot = tmp_path / "hub" / "models--org--tiny-llama" / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps({**LLAMA, "vocab_size": 500}))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hf.inputs("org/tiny-llama", (1, 8), {})[0].high == 500
+    assert hf.check("org/tiny-llama", {}) == []
+    assert hf.check("org/elsewhere", {}) != []
+
+
+def test_profile_problems_are_one_line_each_naming_the_option(llama_dir: Path, tmp_path: Path) -> None:
+    stage = rpx_cli("profile", "hf:./llama", "--input", "1x8", "--stages", "count_flop", cwd=tmp_path)
+    assert stage.returncode == 2
+    assert stage.stderr.splitlines() == [
+        "rpx: error: rpx profile: --stages: unknown stage 'count_flop'; did you mean 'count_flops'? (stages: "
+        "batch_search, count_flops, count_params, estimate_traffic, measure_latency, roofline, system_card)"]
+    folder = rpx_cli("profile", "hf:./nope", "--input", "1x8", cwd=tmp_path)
+    assert folder.returncode == 2
+    assert folder.stderr.splitlines() == [
+        f"rpx: error: rpx profile: models[0].source: no such folder '{tmp_path / 'nope'}' (a local hf: model is a "
+        "folder holding config.json)"]
