@@ -312,3 +312,22 @@ def test_profile_problems_are_one_line_each_naming_the_option(llama_dir: Path, t
     assert folder.stderr.splitlines() == [
         f"rpx: error: rpx profile: models[0].source: no such folder '{tmp_path / 'nope'}' (a local hf: model is a "
         "folder holding config.json)"]
+
+
+def test_the_llama2_7b_spec_matches_the_published_size_and_rpx_own_llama(monkeypatch) -> None:
+    """specs/hf_llama2_7b.toml through transformers against the zoo's Llama-2-7B written from code: two independent
+    implementations of one architecture give the same parameters (6,738,415,616, the published figure) and MACs."""
+    from rpx_core.spec import load_spec
+
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    spec = load_spec(Path(__file__).resolve().parents[1] / "specs" / "hf_llama2_7b.toml")
+    zoo = {"name": "zoo", "source": "rpx_plugins.torch.zoo:llama", "kwargs": {"preset": "llama2-7b"},
+           "meta_only": True, "inputs": [{"shape": [1, 256], "dtype": "int64", "high": 32000}]}
+    data = {**spec.to_data(), "stages": ["count_params", "count_flops"], "execution": {"isolation": "in-process"}}
+    data["models"] = [{**data["models"][0], "input_shape": [1, 256]}, zoo]  # a shorter sequence: a faster test
+    run = run_spec(spec_from_dict(data, base_dir=spec.base_dir), output=None)
+    hf_model, zoo_model = run.model("llama2-7b"), run.model("zoo")
+    assert hf_model.result("count_params").total == zoo_model.result("count_params").total == 6_738_415_616
+    assert hf_model.result("count_flops").macs == zoo_model.result("count_flops").macs
+    assert hf_model.notes.startswith("Llama-2-7B architecture")
