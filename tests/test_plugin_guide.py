@@ -212,3 +212,100 @@ def test_the_public_surface_table_names_everything_rpx_core_plugin_exports():
     table = section(GUIDE.read_text(), "The public surface")
     named = set(re.findall(r"`(\w+)`", table))
     assert set(surface.__all__) <= named, set(surface.__all__) - named
+
+
+# -- a second, independent plugin written from the guide alone --------------------------------------------------------
+
+FLEET = REPO / "tests" / "plugins" / "rpx-fleet"
+
+
+@pytest.fixture(scope="module")
+def fleet_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return pip_install_target(FLEET, tmp_path_factory.mktemp("fleet-site"))
+
+
+def test_the_second_plugin_is_found_by_its_entry_point(fleet_site):
+    import json
+
+    from tests.conftest import rpx_cli
+
+    done = rpx_cli("plugins", "--json", env={"PYTHONPATH": str(fleet_site)})
+    assert done.returncode == 0, done.stderr
+    listing = json.loads(done.stdout)
+    fleet = next(info for info in listing["plugins"] if info["name"] == "fleet")
+    assert (fleet["distribution"], fleet["version"], fleet["status"]) == ("rpx-fleet", "2.0.0", "loaded")
+    assert set(fleet["hooks"]) == {"rpx_register_gpu_packs", "rpx_register_stages", "rpx_fleet_memory",
+                                   "rpx_register_op_formulas"}
+    assert listing["stage_hook_order"]["fleet_memory"] == ["fleet"]
+
+
+def test_the_second_plugin_runs_its_run_scoped_stage_pack_and_formula(fleet_site, monkeypatch):
+    from rpx_core.api import run_spec
+    from rpx_core.spec import spec_from_dict
+
+    monkeypatch.syspath_prepend(str(fleet_site))
+    linear = {"name": "lin", "source": "torch.nn:Linear", "kwargs": {"in_features": 16, "out_features": 8},
+              "inputs": [{"shape": [1, 16]}]}
+    mlp = {"name": "mlp", "source": "rpx_fleet.models:gelu_mlp", "inputs": [{"shape": [1, 16]}]}
+    spec = spec_from_dict({"models": [linear, mlp], "precision": "fp16", "gpus": ["Fleet-E1"],
+                           "stages": ["roofline", "fleet_memory"]})
+    run = run_spec(spec, plugins=Plugins.load(), output=None)
+    # lin: 16 x 8 + 8 = 136 parameters, mlp: 16 x 32 + 32 = 544, each 2 bytes at fp16; the E1 holds 0.001 GB = 1e6 bytes
+    memory = run.run_stages["fleet_memory"]
+    assert memory.status == "ok" and memory.provided_by == "fleet" and type(memory.result).__name__ == "FleetMemory"
+    assert memory.result.weights_bytes == {"lin": 272, "mlp": 1088} and memory.result.total_bytes == 1360
+    assert (memory.result.gpu_memory_bytes, memory.result.fits) == (10**6, True)
+    # lin on the E1 at fp16: 320 fused bytes (272 weights, 32 input, 16 output) / 100 GB/s against 264 FLOP / 20 TFLOP/s
+    bound = run.model("lin").result("roofline").gpus["Fleet-E1"]["fp16"]
+    assert bound.bound_ms_fused == pytest.approx(320 / 100e9 * 1e3) and bound.bottleneck_fused == "memory"
+    # mlp: the plugin's GELU at 1 FLOP per element instead of rpx's 5; 32 bias additions
+    flops = run.model("mlp").result("count_flops")
+    assert flops.macs == 16 * 32 and flops.other_flops == 32 + 32 and flops.plugin_formulas == {"aten.gelu": "fleet"}
+
+
+def test_the_second_plugin_checks_its_options_before_anything_runs(fleet_site, monkeypatch):
+    from rpx_core.api import run_spec
+    from rpx_core.errors import SpecError
+    from rpx_core.spec import spec_from_dict
+
+    monkeypatch.syspath_prepend(str(fleet_site))
+    spec = spec_from_dict({"models": [{"name": "m", "source": "torch.nn:Identity", "inputs": [{"shape": [1, 2]}]}],
+                           "gpus": ["L4"], "stages": ["fleet_memory"]})
+    with pytest.raises(SpecError, match=r"^s.toml: options.fleet_memory.gpu: 'Fleet-E1' is not one of the spec's gpus \(L4\)$"):
+        run_spec(spec, plugins=Plugins.load(), output=None, spec_path="s.toml")
+
+
+# -- the ordering the guide states ------------------------------------------------------------------------------------
+
+TRYLAST_COUNT = """
+from rpx_core.plugin import ParamsResult, hookimpl
+
+
+@hookimpl(trylast=True)
+def rpx_count_params(ctx):
+    return ParamsResult(total=-1, trainable=0, non_trainable=-1, buffers=0, bytes_at_precision=0,
+                        precision=ctx.job.precision)
+"""
+
+
+def test_third_party_trylast_implementations_come_after_the_builtins(tmp_path, monkeypatch):
+    package = tmp_path / "rpx-late"
+    package.mkdir()
+    (package / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "rpx-late"\nversion = "1.0"\n'
+        '[project.entry-points.rpx]\nalpha = "rpx_late_alpha"\nomega = "rpx_late_omega"\n'
+        '[tool.setuptools]\npy-modules = ["rpx_late_alpha", "rpx_late_omega"]\n')
+    for module in ("rpx_late_alpha", "rpx_late_omega"):
+        (package / f"{module}.py").write_text(TRYLAST_COUNT)
+    monkeypatch.syspath_prepend(str(pip_install_target(package, tmp_path / "site")))
+    plugins = Plugins.load()
+    assert plugins.hook_order("rpx_count_params") == ["jax-counts", "torch-counts", "omega", "alpha"]
+    from rpx_core.api import run_spec
+    from rpx_core.spec import spec_from_dict
+
+    model = {"name": "lin", "source": "torch.nn:Linear", "kwargs": {"in_features": 16, "out_features": 8},
+             "inputs": [{"shape": [1, 16]}]}
+    run = run_spec(spec_from_dict({"models": [model], "stages": ["count_params"]}), plugins=plugins, output=None)
+    assert run.model("lin").stages["count_params"].provided_by == "torch-counts"  # the built-in answers for cpu
+    assert run.model("lin").result("count_params").total == 136
