@@ -169,6 +169,15 @@ def test_the_testing_helper_runs_a_hook_without_a_run():
     assert ctx.precision.element_bytes == 4 and ctx.precision.dtype("torch") == "float32"
 
 
+def test_the_testing_helper_takes_the_spec_backend_by_name():
+    import torch
+
+    ctx = make_context(torch.nn.Linear(16, 8), inputs=[(1, 16)], backend="cpu", stages=["count_params"])
+    assert ctx.backend.name == ctx.job.backend == "cpu"
+    with pytest.raises(SpecError, match=r"make_context\(\): backend: 'no-such' not recognized. Choose one of: cpu"):
+        make_context(torch.nn.Linear(16, 8), inputs=[(1, 16)], backend="no-such", stages=["count_params"])
+
+
 # -- defensive, diagnosable loading -----------------------------------------------------------------------------------
 
 RIVAL_PACK = """
