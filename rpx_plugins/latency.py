@@ -24,7 +24,6 @@ from rpx_core.limits import Deadline
 from rpx_core.types.latency import LatencyOptions, LatencyResult, ThroughputResult
 from rpx_plugins.measurement import gc_paused
 
-
 #: Adaptive sampling judges the interval again once the sample count grew by this factor.
 CHECK_GROWTH = 1.1
 
