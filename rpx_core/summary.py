@@ -33,6 +33,7 @@ COLUMNS = (
     ("latency_verdict", "timing"),
     ("latency_p99_ms", "p99 ms"),
     ("peak_memory_mb", "peak MB"),
+    ("peak_increment_mb", "call +MB"),
 )
 
 
