@@ -74,7 +74,7 @@ def factory_inputs(made: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     tuple or list (positional inputs), or one object (the only positional input)."""
     if isinstance(made, dict):
         return (), dict(made)
-    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], (tuple, list)) and isinstance(made[1], dict):
+    if isinstance(made, (tuple, list)) and len(made) == 2 and isinstance(made[0], (tuple, list)) and isinstance(made[1], dict):
         return tuple(made[0]), dict(made[1])
     return (tuple(made) if isinstance(made, (tuple, list)) else (made,)), {}
 
