@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import rpx_core as rpx
-from rpx_core.errors import RpxError
+from rpx_core.errors import RpxError, SpecError
 from rpx_core.results import ModelResult
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -78,7 +78,9 @@ class HoldsATensor(torch.nn.Module):
 def test_a_copy_that_cannot_run_on_meta_is_counted_on_the_device_with_the_reason():
     flops = rpx.profile(HoldsATensor(), inputs=[(1, 4)], stages=["count_flops"]).result("count_flops")
     assert flops.counted_on == "cpu"
-    assert flops.fallback_reason.startswith("could not count on meta: ") and "counted on cpu" in flops.fallback_reason
+    assert flops.fallback_reason.startswith("could not count on meta: CountingError: cannot count aten.mul.Tensor on "
+                                            "the meta device: it mixes meta tensors with tensors on a real device")
+    assert flops.fallback_reason.endswith("; counted on cpu")
     assert flops.macs == 16 and flops.other_flops == 4 + 4  # bias add and scale, 1 FLOP per output element each
     with pytest.raises(rpx.StageFailed, match=r"stage 'count_flops' failed for model 'model': CountingError"):
         rpx.profile(HoldsATensor(), inputs=[(1, 4)], stages=["count_flops"],
@@ -110,13 +112,19 @@ def test_without_a_precision_the_models_own_is_counted():
 
 
 @pytest.mark.parametrize("precision", ["fp8", "int8"])
-def test_fp8_and_int8_live_objects_are_counted_on_meta_at_one_byte(precision: str):
+def test_fp8_and_int8_live_objects_are_counted_on_meta_at_one_byte_and_bounded(precision: str):
     model = mlp_with_dropout()
-    result = profiled(model, precision=precision)
-    assert result.result("count_flops").counted_on == "meta"
-    assert result.result("count_flops").total_flops == 1316  # FLOPs do not depend on the element size
+    result = rpx.profile(model, inputs=[(1, 16)], precision=precision, gpus=["H100-SXM"])
+    flops = result.result("count_flops")
+    assert flops.counted_on == "meta" and flops.counted_inputs == ("bfloat16[1,16]",)  # the 2-byte stand-in
+    assert flops.total_flops == 1316  # FLOPs do not depend on the element size
     assert result.result("estimate_traffic").fused_bytes == FUSED_ELEMENTS  # 1 byte per element
+    assert result.result("count_params").bytes_at_precision == 676
+    bound = result.result("roofline").gpus["H100-SXM"][precision]  # the GPU's own fp8 / int8 peak
+    assert bound.memory_ms_fused == pytest.approx(FUSED_ELEMENTS / (bound.bandwidth_gb_s * 1e9) * 1e3)
     assert next(model.parameters()).dtype == torch.float32
+    with pytest.raises(SpecError, match=f"backend 'cpu' cannot execute '{precision}' .* which stage 'count_flops' needs"):
+        profiled(model, precision=precision, options={"count_flops": {"count_on": "device"}})
 
 
 def test_a_failed_stage_raises_with_its_error_unless_partial_results_are_asked_for():
