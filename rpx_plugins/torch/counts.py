@@ -64,8 +64,9 @@ def live_copy(ctx: StageContext, meta: bool) -> Any:
     """A copy of the live model object passed through the Python API (the caller's model is never changed), at the
     job's precision (or its stand-in): on the meta device when ``meta`` (see meta_copy), else where the object is."""
     from rpx_plugins.torch.backend import torch_dtype
+    from rpx_plugins.torch.counter import as_module
 
-    model = ctx.adapt(ctx.model_object)
+    model = as_module(ctx.adapt(ctx.model_object))  # a plain function: a module without weights
     copied = meta_copy(model) if meta else copy.deepcopy(model)
     return copied.to(dtype=torch_dtype(counted_precision(ctx.job.precision)))
 
@@ -170,7 +171,13 @@ def rpx_count_params(ctx: StageContext) -> ParamsResult | None:
     from rpx_plugins.torch.params import count_parameters
 
     if ctx.model_object is not None:
-        return count_parameters(ctx.model_object, ctx.job.precision)
+        import torch
+
+        model = ctx.adapt(ctx.model_object)
+        if not isinstance(model, torch.nn.Module):
+            raise UnsupportedError(f"model {ctx.job.model.name!r} is a plain function: tensors it closes over are not "
+                                   "parameters rpx can see; wrap it in a torch.nn.Module to count them")
+        return count_parameters(model, ctx.job.precision)
     try:
         model = meta_model(ctx)
     except META_FAILURES:
