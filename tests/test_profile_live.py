@@ -12,8 +12,10 @@ import pytest
 import torch
 
 import rpx_core as rpx
+from rpx_core.api import run_spec
 from rpx_core.errors import RpxError, SpecError
 from rpx_core.results import ModelResult
+from rpx_core.spec import spec_from_dict
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -52,6 +54,17 @@ def test_train_mode_is_counted_when_asked_for():
     # each over the 32 hidden elements
     assert trained.total_flops - evaluated.total_flops == 2 * 32
     assert {"aten.bernoulli_", "aten.div_", "aten.mul"} <= set(trained.by_operator)
+
+
+def test_the_mode_option_applies_to_a_factorys_model_too():
+    def flops(mode: str) -> int:
+        spec = spec_from_dict({"models": [{"name": "drop", "source": "torch.nn:Dropout", "inputs": [{"shape": [1, 32]}]}],
+                               "stages": ["count_flops"], "options": {"count_flops": {"mode": mode}}})
+        counted = run_spec(spec, output=None, execution={"isolation": "in-process"}).model("drop").result("count_flops")
+        assert counted.counted_on == "meta"
+        return counted.total_flops
+
+    assert (flops("eval"), flops("train")) == (0, 2 * 32)  # eval: identity; train: mask multiply and rescale
 
 
 def test_count_on_is_honoured_for_a_live_object():
