@@ -130,7 +130,7 @@ def profile(
 def object_precision(model: Any, plugins: Plugins, backend_name: str | None) -> str | None:
     """The precision ``model`` holds, as the backend that runs it tells (None: the spec's default)."""
     try:
-        backend = plugins.backends()[backend_name or Spec.__attrs_attrs__.backend.default]
+        backend = plugins.backends()[backend_name or attrs.fields(Spec).backend.default]
     except (KeyError, RpxError):
         return None  # an unknown or clashing backend name is reported by the spec check, with its key path
     return backend.object_precision(model)
