@@ -5,11 +5,13 @@ configs (no weights): BERT taking input_ids and attention_mask by keyword, GPT-2
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 import rpx_core as rpx
+from rpx_core.loading import load_callable
 from rpx_core.results import RunResult
 from rpx_plugins.torch.backend import factory_inputs
 from tests.conftest import rpx_cli
@@ -79,10 +81,15 @@ input_factory = "models.py:gpt2_uncached"
 
 
 @pytest.fixture(scope="module")
-def counted(tmp_path_factory) -> RunResult:
+def folder(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("inputs")
     (folder / "models.py").write_text(textwrap.dedent(MODELS))
     (folder / "spec.toml").write_text(textwrap.dedent(SPEC))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def counted(folder: Path) -> RunResult:
     return rpx.run(folder / "spec.toml", output=None, execution={"isolation": "in-process"})
 
 
@@ -95,6 +102,19 @@ def test_bert_gets_keyword_inputs_from_a_factory_dict_and_from_named_tables(coun
         assert result.result("count_flops").macs == layers * per_layer + pooler
         assert result.result("estimate_traffic").input_bytes == 2 * SEQ * 8  # input_ids and attention_mask, int64
     assert factory.result("count_flops").total_flops == tables.result("count_flops").total_flops
+
+
+def test_a_live_bert_in_training_mode_is_counted_like_the_specs_in_eval_mode(folder: Path, counted):
+    model = load_callable(f"{folder / 'models.py'}:bert", what="bert")()
+    assert model.training  # as transformers builds it
+    inputs = [{"name": "input_ids", "shape": [1, SEQ], "dtype": "int64", "high": 100},
+              {"name": "attention_mask", "shape": [1, SEQ], "dtype": "int64", "high": 2}]
+    stages = ["count_flops"]
+    live = rpx.profile(model, inputs=inputs, stages=stages).result("count_flops")
+    trained = rpx.profile(model, inputs=inputs, stages=stages, options={"count_flops": {"mode": "train"}})
+    assert live.total_flops == counted.model("bert-tables").result("count_flops").total_flops
+    assert trained.result("count_flops").total_flops > live.total_flops  # dropout, when asked for
+    assert model.training
 
 
 def test_a_returned_dynamic_cache_is_an_output_through_a_factorys_keyword_arguments(counted):
