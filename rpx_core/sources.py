@@ -133,13 +133,16 @@ def unknown_scheme_hint(source: str, registry: Any) -> str:
 
 
 def factory(model: ModelSpec, registry: Any) -> Callable[[], Any]:
-    """A no-argument function building ``model`` (through its source, or its import path with its kwargs)."""
+    """A no-argument function building ``model`` (through its source, or its import path with its kwargs); an
+    import path's module is imported here, so the caller can time importing apart from building."""
     found = source_of(model.source, registry) if registry is not None else None
     if found is None:
         from rpx_core.loading import load_callable
 
+        build = load_callable(model.source, what=f"model {model.name!r}")  # imported now, called later
+
         def build_from_path() -> Any:
-            return load_callable(model.source, what=f"model {model.name!r}")(**model.kwargs)
+            return build(**model.kwargs)
 
         return build_from_path
     source, target = found

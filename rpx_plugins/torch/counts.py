@@ -7,7 +7,9 @@ depend on which. One counting pass per job feeds both ``count_flops`` and ``esti
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import copy
+from typing import Any, Iterator
 
 import attrs
 
@@ -49,36 +51,65 @@ def meta_model(ctx: StageContext) -> Any:
     """The job's model built on the meta device at the job's precision (or its stand-in), once per job."""
     if "meta_model" not in ctx.cache:
         from rpx_plugins.torch.backend import torch_dtype
-        from rpx_plugins.torch.counter import build_on_meta
+        from rpx_plugins.torch.counter import as_module, build_on_meta
 
-        model = looked_inside(ctx, build_on_meta(ctx.model_factory()))
-        ctx.cache["meta_model"] = model.eval().to(dtype=torch_dtype(counted_precision(ctx.job.precision)))
+        built = build_on_meta(ctx.model_factory())
+        ctx.cache["not_a_module"] = not_a_module(built)
+        ctx.cache["meta_model"] = as_module(built).eval().to(dtype=torch_dtype(counted_precision(ctx.job.precision)))
     return ctx.cache["meta_model"]
 
 
-def looked_inside(ctx: StageContext, model: Any) -> Any:
-    """``model`` when it is a torch.nn.Module; any other callable (a client of a served model, a compiled artefact)
-    is opaque: its counted stages are not applicable, said with the reason, while its measured stages run."""
+def not_a_module(model: Any) -> str | None:
+    """How a model that is not a torch.nn.Module is named in messages ("a plain function", "a client.Served"), or
+    None for a module. Such a model is counted through the operators it runs (rpx_plugins.torch.counter.as_module)."""
+    import inspect
+
     import torch
 
     if isinstance(model, torch.nn.Module):
-        return model
-    kind = f"{type(model).__module__}.{type(model).__qualname__}"
-    raise NotApplicable(f"model {ctx.job.model.name!r} is a {kind}, not a torch.nn.Module: rpx cannot look inside "
-                        "it, so it is not counted (measured stages still run)")
+        return None
+    if inspect.isfunction(model) or inspect.ismethod(model) or inspect.isbuiltin(model):
+        return "a plain function"
+    return f"a {type(model).__module__}.{type(model).__qualname__}"
 
 
-def given_object(ctx: StageContext) -> tuple[Any, str]:
-    """A live model passed through the Python API is counted as it is; its dtype must match the precision."""
+def nothing_seen(ctx: StageContext, kind: str) -> NotApplicable:
+    """For a callable in which the counted pass saw no tensor operation: a client of a served model, or work done
+    outside torch. Its counts would be zeros that mean nothing, so they are not applicable."""
+    return NotApplicable(f"model {ctx.job.model.name!r} is {kind} in which rpx saw no tensor operation (a client of "
+                         "a served model, or work outside torch): rpx cannot look inside it, so it is not counted; "
+                         "measured stages still run")
+
+
+def live_copy(ctx: StageContext, meta: bool) -> Any:
+    """A copy of the live model object passed through the Python API (the caller's model is never changed), at the
+    job's precision (or its stand-in): on the meta device when ``meta`` (see meta_copy), else where the object is."""
     from rpx_plugins.torch.backend import torch_dtype
+    from rpx_plugins.torch.counter import as_module
 
-    model = looked_inside(ctx, ctx.model_object)
-    floating = [p for p in model.parameters() if p.is_floating_point()]
-    expected = torch_dtype(counted_precision(ctx.job.precision))
-    if floating and floating[0].dtype != expected:
-        raise UnsupportedError(f"the model object holds {floating[0].dtype} weights but precision is {ctx.job.precision!r} "
-                               f"(counted with {expected} weights); cast the model or pass the matching precision")
-    return model, (str(floating[0].device) if floating else ctx.job.device)
+    model = as_module(ctx.adapt(ctx.model_object))  # a plain function: a module without weights
+    copied = meta_copy(model) if meta else copy.deepcopy(model)
+    return copied.to(dtype=torch_dtype(counted_precision(ctx.job.precision)))
+
+
+def meta_copy(model: Any) -> Any:
+    """A copy of ``model`` whose parameters and buffers are meta tensors of the same shapes and dtypes, made without
+    copying their data (tied parameters stay tied). Tensors held outside parameters and buffers are copied as they
+    are, so a forward that mixes them with the meta weights fails, and ``count_on = "auto"`` counts on the device."""
+    import torch
+
+    memo: dict[int, Any] = {}
+    for param in model.parameters():
+        memo[id(param)] = torch.nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+    for buffer in model.buffers():
+        memo[id(buffer)] = buffer.detach().to("meta")
+    return copy.deepcopy(model, memo)
+
+
+def object_device(model: Any, default: str) -> str:
+    """Where a live module's weights are (a copy is counted there when it is not counted on meta)."""
+    first = next(model.parameters(), None)
+    return str(first.device) if first is not None else default
 
 
 def count(ctx: StageContext) -> Any:
@@ -86,6 +117,9 @@ def count(ctx: StageContext) -> Any:
     if "count_report" not in ctx.cache:
         options: CountOptions = ctx.options("count_flops")
         report, fallback_reason = counted_where_asked(ctx, options)
+        kind = not_a_module(ctx.adapt(ctx.model_object)) if ctx.model_object is not None else ctx.cache.get("not_a_module")
+        if kind and not report.flops.by_operator and not report.flops.uncounted_ops:
+            raise nothing_seen(ctx, kind)
         batch = ctx.job.model.batch_size(options.batch_size)
         flops = attrs.evolve(report.flops, counted_batch_size=batch, fallback_reason=fallback_reason)
         ctx.cache["count_report"] = attrs.evolve(report, flops=flops)
@@ -93,30 +127,55 @@ def count(ctx: StageContext) -> Any:
 
 
 def counted_where_asked(ctx: StageContext, options: CountOptions) -> tuple[Any, str | None]:
-    """The counted pass, and why it ran on the device when meta was asked for (None when it was not)."""
-    if ctx.model_object is not None:
-        model, device = given_object(ctx)
-        return count_pass(ctx, model, device, options), None
+    """The counted pass, and why it ran on the device when meta was asked for (None when it was not). A live object
+    is counted like a factory's model: a copy of it moved to meta, or placed on its device."""
     stand_in = ctx.job.precision in STAND_INS
     if options.count_on == "device":
         if stand_in:
             raise UnsupportedError(f"precision {ctx.job.precision!r} is counted on the meta device only (torch backends "
                                    "cannot execute it); set [options.count_flops] count_on = \"meta\" or \"auto\"")
-        return count_pass(ctx, looked_inside(ctx, ctx.model()), ctx.job.device, options), None
+        return count_pass(ctx, *device_model(ctx), options), None
     try:
-        return count_pass(ctx, meta_model(ctx), "meta", options), None
+        model = live_copy(ctx, meta=True) if ctx.model_object is not None else meta_model(ctx)
+        return count_pass(ctx, model, "meta", options), None
     except META_FAILURES as error:
         if options.count_on == "meta" or ctx.job.model.meta_only or stand_in:
             raise
         ctx.cache.pop("meta_model", None)
-        report = count_pass(ctx, looked_inside(ctx, ctx.model()), ctx.job.device, options)
+        report = count_pass(ctx, *device_model(ctx), options)
         return report, f"could not count on meta: {describe(error)}; counted on {report.flops.counted_on}"
+
+
+def device_model(ctx: StageContext) -> tuple[Any, str]:
+    """The model counted on a real device: a copy of a live object where the object is (its device need not be the
+    job's), else the job's placed model."""
+    if ctx.model_object is not None:
+        model = live_copy(ctx, meta=False)
+        return model, object_device(model, ctx.job.device)
+    from rpx_plugins.torch.counter import as_module
+
+    model = ctx.model()
+    ctx.cache["not_a_module"] = not_a_module(model)
+    return as_module(model), ctx.job.device
 
 
 def describe(error: BaseException) -> str:
     """``Type: first line of the message``, short enough for a result field."""
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+@contextlib.contextmanager
+def module_mode(model: Any, training: bool) -> Iterator[None]:
+    """``model`` (every submodule) in training or eval mode for the counted pass, each submodule's own mode put back
+    after it: the placed model is shared with the stages that measure it in eval mode."""
+    before = [(module, module.training) for module in model.modules()]
+    model.train(training)
+    try:
+        yield
+    finally:
+        for module, was_training in before:
+            module.training = was_training
 
 
 def count_pass(ctx: StageContext, model: Any, device: str, options: CountOptions) -> Any:
@@ -127,7 +186,7 @@ def count_pass(ctx: StageContext, model: Any, device: str, options: CountOptions
 
     precision = ctx.job.precision
     args, kwargs = make_inputs(ctx.job.model, options.batch_size, counted_precision(precision), device)
-    with torch.no_grad():
+    with torch.no_grad(), module_mode(model, training=options.mode == "train"):
         return count_model(model, args, kwargs, backward=options.backward, top_k=options.top_k,
                            module_depth=options.module_depth, formulas=ctx.plugins.op_formulas(),
                            attention_backward=options.attention_backward, element_sizes=element_sizes(precision))
@@ -140,13 +199,20 @@ def rpx_count_params(ctx: StageContext) -> ParamsResult | None:
     from rpx_plugins.torch.params import count_parameters
 
     if ctx.model_object is not None:
-        return count_parameters(looked_inside(ctx, ctx.model_object), ctx.job.precision)
-    try:
-        model = meta_model(ctx)
-    except META_FAILURES:
-        if ctx.job.model.meta_only:
-            raise
-        model = looked_inside(ctx, ctx.build_model())  # the factory cannot build on meta: count a real, unplaced model
+        model = ctx.adapt(ctx.model_object)
+        kind = not_a_module(model)
+    else:
+        try:
+            model = meta_model(ctx)
+            kind = ctx.cache["not_a_module"]
+        except META_FAILURES:
+            if ctx.job.model.meta_only:
+                raise
+            model = ctx.build_model()  # the factory cannot build on meta: count a real, unplaced model
+            kind = not_a_module(model)
+    if kind:
+        raise NotApplicable(f"model {ctx.job.model.name!r} is {kind}: tensors it closes over are not parameters rpx "
+                            "can see; wrap it in a torch.nn.Module to count them")
     return count_parameters(model, ctx.job.precision)
 
 
