@@ -60,15 +60,14 @@ def meta_model(ctx: StageContext) -> Any:
     return ctx.cache["meta_model"]
 
 
-def live_copy(ctx: StageContext, meta: bool) -> Any:
-    """A copy of the live model object passed through the Python API (the caller's model is never changed), at the
-    job's precision (or its stand-in): on the meta device when ``meta`` (see meta_copy), else where the object is."""
+def live_meta_copy(ctx: StageContext) -> Any:
+    """A meta copy (see meta_copy) of the live model object passed through the Python API, at the job's precision
+    (or its stand-in); the caller's model is never changed."""
     from rpx_plugins.torch.backend import torch_dtype
     from rpx_plugins.torch.counter import as_module
 
     model = as_module(ctx.adapt(ctx.model_object))  # a plain function: a module without weights
-    copied = meta_copy(model) if meta else copy.deepcopy(model)
-    return copied.to(dtype=torch_dtype(counted_precision(ctx.job.precision)))
+    return meta_copy(model).to(dtype=torch_dtype(counted_precision(ctx.job.precision)))
 
 
 def meta_copy(model: Any) -> Any:
@@ -85,12 +84,6 @@ def meta_copy(model: Any) -> Any:
     return copy.deepcopy(model, memo)
 
 
-def object_device(model: Any, default: str) -> str:
-    """Where a live module's weights are (a copy is counted there when it is not counted on meta)."""
-    first = next(model.parameters(), None)
-    return str(first.device) if first is not None else default
-
-
 def count(ctx: StageContext) -> Any:
     """Count once per job (cached): on meta when possible, else on the device, as ``count_on`` says."""
     if "count_report" not in ctx.cache:
@@ -104,7 +97,7 @@ def count(ctx: StageContext) -> Any:
 
 def counted_where_asked(ctx: StageContext, options: CountOptions) -> tuple[Any, str | None]:
     """The counted pass, and why it ran on the device when meta was asked for (None when it was not). A live object
-    is counted like a factory's model: a copy of it moved to meta, or placed on its device."""
+    is counted like a factory's model: a copy of it moved to meta, or its copy placed on the job's device."""
     stand_in = ctx.job.precision in STAND_INS
     if options.count_on == "device":
         if stand_in:
@@ -112,7 +105,7 @@ def counted_where_asked(ctx: StageContext, options: CountOptions) -> tuple[Any, 
                                    "cannot execute it); set [options.count_flops] count_on = \"meta\" or \"auto\"")
         return count_pass(ctx, *device_model(ctx), options), None
     try:
-        model = live_copy(ctx, meta=True) if ctx.model_object is not None else meta_model(ctx)
+        model = live_meta_copy(ctx) if ctx.model_object is not None else meta_model(ctx)
         return count_pass(ctx, model, "meta", options), None
     except META_FAILURES as error:
         if options.count_on == "meta" or ctx.job.model.meta_only or stand_in:
@@ -123,11 +116,13 @@ def counted_where_asked(ctx: StageContext, options: CountOptions) -> tuple[Any, 
 
 
 def device_model(ctx: StageContext) -> tuple[Any, str]:
-    """The model counted on a real device: a copy of a live object where the object is (its device need not be the
-    job's), else the job's placed model."""
-    if ctx.model_object is not None:
-        model = live_copy(ctx, meta=False)
-        return model, object_device(model, ctx.job.device)
+    """The model counted on the job's device: the placed model the measuring stages share (for a live object, its
+    placed copy); a plain function as a module without weights."""
+    from rpx_plugins.torch.counter import as_module
+    from rpx_plugins.torch.cpu import is_torch_module
+
+    if ctx.model_object is not None and not is_torch_module(ctx.model_object):
+        return as_module(ctx.model_object), ctx.job.device
     return ctx.model(), ctx.job.device
 
 
