@@ -33,6 +33,9 @@ class MemoryPeak:
 
     ``method`` states how the figure was obtained (e.g. "VmHWM after clear_refs", "torch.cuda.max_memory_allocated",
     "sampled driver memory every 1 ms") because the methods are not equivalent; absent figures are None, never zero.
+    ``start_bytes`` is the same figure as ``peak_bytes`` read when the region started, so ``increment_bytes`` (peak
+    minus start) is what the measured region itself added on top of what was held before it (model, earlier
+    buffers, the interpreter); ``method`` says how the start was read too.
     """
 
     method: str
@@ -40,6 +43,15 @@ class MemoryPeak:
     reserved_bytes: int | None = None  # peak reserved by the allocator's caching pool (CUDA)
     outside_allocator_bytes: int | None = None  # device memory used outside the framework allocator (context, libraries)
     sampled: bool = False  # True when the peak is the max of periodic samples, so a short spike may be missed
+    start_bytes: int | None = None  # peak_bytes's figure at the region's start
+    increment_bytes: int | None = None  # peak_bytes - start_bytes: the region's own need
+
+
+def with_start(peak: MemoryPeak, start_bytes: int | None) -> MemoryPeak:
+    """``peak`` with the region's start and its increment (peak - start, never below 0) filled in."""
+    if start_bytes is None or peak.peak_bytes is None:
+        return attrs.evolve(peak, start_bytes=start_bytes)
+    return attrs.evolve(peak, start_bytes=start_bytes, increment_bytes=max(0, peak.peak_bytes - start_bytes))
 
 
 class Timer:
