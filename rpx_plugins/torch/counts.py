@@ -73,14 +73,13 @@ def looked_inside(ctx: StageContext, model: Any) -> Any:
                         "it, so it is not counted (measured stages still run)")
 
 
-def live_copy(ctx: StageContext, meta: bool) -> Any:
-    """A copy of the live model object passed through the Python API (the caller's model is never changed), at the
-    job's precision (or its stand-in): on the meta device when ``meta`` (see meta_copy), else where the object is."""
+def live_meta_copy(ctx: StageContext) -> Any:
+    """A meta copy (see meta_copy) of the live model object passed through the Python API, at the job's precision
+    (or its stand-in); the caller's model is never changed."""
     from rpx_plugins.torch.backend import torch_dtype
 
     model = looked_inside(ctx, ctx.adapt(ctx.model_object))
-    copied = meta_copy(model) if meta else copy.deepcopy(model)
-    return copied.to(dtype=torch_dtype(counted_precision(ctx.job.precision)))
+    return meta_copy(model).to(dtype=torch_dtype(counted_precision(ctx.job.precision)))
 
 
 def meta_copy(model: Any) -> Any:
@@ -97,12 +96,6 @@ def meta_copy(model: Any) -> Any:
     return copy.deepcopy(model, memo)
 
 
-def object_device(model: Any, default: str) -> str:
-    """Where a live module's weights are (a copy is counted there when it is not counted on meta)."""
-    first = next(model.parameters(), None)
-    return str(first.device) if first is not None else default
-
-
 def count(ctx: StageContext) -> Any:
     """Count once per job (cached): on meta when possible, else on the device, as ``count_on`` says."""
     if "count_report" not in ctx.cache:
@@ -116,7 +109,7 @@ def count(ctx: StageContext) -> Any:
 
 def counted_where_asked(ctx: StageContext, options: CountOptions) -> tuple[Any, str | None]:
     """The counted pass, and why it ran on the device when meta was asked for (None when it was not). A live object
-    is counted like a factory's model: a copy of it moved to meta, or placed on its device."""
+    is counted like a factory's model: a copy of it moved to meta, or its copy placed on the job's device."""
     stand_in = ctx.job.precision in STAND_INS
     if options.count_on == "device":
         if stand_in:
@@ -124,7 +117,7 @@ def counted_where_asked(ctx: StageContext, options: CountOptions) -> tuple[Any, 
                                    "cannot execute it); set [options.count_flops] count_on = \"meta\" or \"auto\"")
         return count_pass(ctx, *device_model(ctx), options), None
     try:
-        model = live_copy(ctx, meta=True) if ctx.model_object is not None else meta_model(ctx)
+        model = live_meta_copy(ctx) if ctx.model_object is not None else meta_model(ctx)
         return count_pass(ctx, model, "meta", options), None
     except META_FAILURES as error:
         if options.count_on == "meta" or ctx.job.model.meta_only or stand_in:
@@ -135,11 +128,8 @@ def counted_where_asked(ctx: StageContext, options: CountOptions) -> tuple[Any, 
 
 
 def device_model(ctx: StageContext) -> tuple[Any, str]:
-    """The model counted on a real device: a copy of a live object where the object is (its device need not be the
-    job's), else the job's placed model."""
-    if ctx.model_object is not None:
-        model = live_copy(ctx, meta=False)
-        return model, object_device(model, ctx.job.device)
+    """The model counted on the job's device: the placed model the measuring stages share (for a live object, its
+    placed copy)."""
     return looked_inside(ctx, ctx.model()), ctx.job.device
 
 
