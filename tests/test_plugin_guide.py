@@ -342,3 +342,19 @@ def test_choose_stages_settles_two_declarations_of_one_stage(acme, tmp_path, mon
     assert type(lin.result("energy")).__name__ == "EnergyEstimate"
     with pytest.raises(SpecError, match=r"choose\.stages\.energy: 'nobody' does not register stage 'energy'"):
         run_spec(spec_from_dict({**spec, "choose": {"stages": {"energy": "nobody"}}}), plugins=plugins, output=None)
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a document's headings: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", text, flags=re.DOTALL | re.MULTILINE),
+                          flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+def test_every_link_to_a_section_of_the_guide_or_the_readme_exists():
+    documents = {"docs/plugins.md": GUIDE, "README.md": REPO / "README.md"}
+    anchors = {name: heading_anchors(path.read_text()) for name, path in documents.items()}
+    for name, path in documents.items():
+        for target, anchor in re.findall(r"\]\(([\w./]*)#([\w-]+)\)", path.read_text()):
+            linked = str((path.parent / target).resolve().relative_to(REPO)) if target else name
+            assert anchor in anchors[linked], f"{name}: link to {linked}#{anchor}: no such heading"
