@@ -50,7 +50,6 @@ class StageContext:
     #: estimate_traffic). Not written to results.
     cache: dict[str, Any] = attrs.Factory(dict)
     model_object: Any = None  # a live model given through the Python API instead of an import path
-    choose: Any = None  # the spec's [choose] table (rpx_core.spec.Choices), for a model source two plugins register
     #: Seconds spent importing, building and placing the model, by phase (see :meth:`setup_phase`); the stage
     #: runner subtracts them from the stage's seconds and records them apart.
     setup: dict[str, float] = attrs.Factory(dict)
@@ -63,6 +62,7 @@ class StageContext:
             yield
         finally:
             self.setup[phase] = self.setup.get(phase, 0.0) + time.perf_counter() - started
+    choose: Any = None  # the spec's [choose] table (rpx_core.spec.Choices), for a model source two plugins register
 
     @property
     def precision(self) -> Precision:

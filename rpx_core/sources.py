@@ -133,19 +133,16 @@ def unknown_scheme_hint(source: str, registry: Any) -> str:
 
 
 def factory(model: ModelSpec, registry: Any) -> Callable[[], Any]:
-    """A no-argument function building ``model`` (through its source, or its import path with its kwargs); an
-    import path's module is imported here, so the caller can time importing apart from building."""
+    """A no-argument function building ``model`` (through its source, or its import path with its kwargs)."""
     found = source_of(model.source, registry) if registry is not None else None
     if found is None:
         from rpx_core.loading import load_callable
 
-        build = load_callable(model.source, what=f"model {model.name!r}")  # imported now, called later
-
-        def build_from_path() -> Any:
-            return build(**model.kwargs)
-
-        return build_from_path
+        build = load_callable(model.source, what=f"model {model.name!r}")  # imported here, built when called
+        return lambda: build(**model.kwargs)
     source, target = found
+    for module in source.requires:  # imported here too, so a caller can time importing apart from building
+        import_or_explain(module, source.scheme, source.install)
 
     def build_from_source() -> Any:
         return source.build(target, dict(model.config), **model.kwargs)

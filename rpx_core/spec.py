@@ -259,10 +259,9 @@ def _check_semantics(spec: Spec, where: str) -> list[str]:
         given = [key for key in ("inputs", "input_shape", "input_factory") if getattr(model, key)]
         if not given:
             problems.append(f"models[{index}]: give inputs (shapes and dtypes), an input_shape or an input_factory")
-        elif given == ["inputs", "input_factory"]:
-            problems.append(f"models[{index}]: give inputs or an input_factory, not both (the factory makes every input)")
         elif len(given) > 1:
-            problems.append(f"models[{index}]: give one of {', '.join(given)}, not several (each describes every input)")
+            made = " (the factory makes every input)" if "input_factory" in given else ""
+            problems.append(f"models[{index}]: give {' or '.join(given)}, not both{made}")
         if model.input_shape is not None and (not model.input_shape or any(dim < 1 for dim in model.input_shape)):
             problems.append(f"models[{index}].input_shape: every dimension must be >= 1, got {list(model.input_shape)}")
         input_names = [spec_input.name for spec_input in model.inputs if spec_input.name is not None]

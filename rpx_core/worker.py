@@ -181,7 +181,8 @@ def run_stage(stage: Stage, ctx: Any, plugins: Plugins, failed_needs: list[str],
         check_result(stage.name, stage.result, result)
     except NotApplicable as exc:
         return StageRecord("not_applicable", seconds=round(time.perf_counter() - started - _setup_seconds(ctx), 6),
-                           error=str(exc), provided_by=provider)
+                           error=str(exc),
+                           provided_by=provider)
     except Exception as exc:
         return StageRecord(
             "failed",
