@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import random
 import statistics
+import time
 from typing import Callable
 
 import pytest
@@ -23,7 +24,7 @@ from rpx_core.context import Job, RunContext, StageContext
 from rpx_core.spec import InputSpec, ModelSpec
 from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult, BatchTracker, format_table
 from rpx_plugins.batch_search.planner import BatchPlanner
-from rpx_plugins.batch_search.stage import rpx_batch_search, timed_until
+from rpx_plugins.batch_search.stage import chunk_noise, rpx_batch_search, timed_until
 from rpx_plugins.torch.cpu import CpuBackend
 
 MB = 10**6
@@ -158,3 +159,17 @@ def test_real_cpu_mlp_choice_runs_within_ten_percent_of_the_best():
                 rates[size].append(timed.calls * size / timed.seconds)
     median = {size: statistics.median(values) for size, values in rates.items()}
     assert median[chosen] >= 0.9 * max(median.values()), (chosen, median, format_table(result))
+
+
+
+def test_trial_noise_is_half_the_chunks_range_over_their_median():
+    assert chunk_noise([100.0, 110.0, 90.0, 100.0, 100.0]) == pytest.approx((110 - 90) / (2 * 100))
+    assert chunk_noise([100.0]) is None
+
+
+def test_a_trial_is_timed_in_chunks_but_a_slow_call_runs_once():
+    timer = CpuBackend().timer("cpu")
+    chunked = timed_until(lambda: time.sleep(0.002), timer, 0.1, chunks=5)
+    assert chunked.calls >= 5 and chunked.noise is not None and chunked.seconds >= chunked.calls * 0.002
+    slow = timed_until(lambda: time.sleep(0.05), timer, 0.01, chunks=5)
+    assert slow.calls == 1 and slow.noise is None  # as before chunks: one call when it outlasts the trial

@@ -137,12 +137,16 @@ class Timed:
 def timed_until(call: Callable[[], Any], timer: Timer, seconds: float, chunks: int = NOISE_CHUNKS) -> Timed:
     """Back-to-back calls until ``seconds`` of host time passed (at least one call per chunk), in ``chunks`` chunks
     of equal host time, each timed by the backend timer (which synchronises on both ends, so queued device work is
-    inside it). A chunk always makes at least one call, so a slow model gets ``chunks`` calls."""
+    inside it). A chunk makes at least one call; no chunk starts once ``seconds`` passed, so a call slower than the
+    whole trial makes one chunk (and no noise figure) as before, not ``chunks`` calls."""
     per_chunk = seconds / chunks
     rates: list[float] = []
     calls = 0
     elapsed = 0.0
+    ends = time.perf_counter() + seconds
     for _ in range(chunks):
+        if calls and time.perf_counter() >= ends:
+            break
         timer.start()
         deadline = time.perf_counter() + per_chunk
         made = 0
