@@ -129,6 +129,11 @@ class Backend:
         input of an fp16 job); None when the backend does not say."""
         return None
 
+    def object_precision(self, model: Any) -> str | None:
+        """The precision a live model object holds (``rpx.profile`` counts at it when no precision is given);
+        None when the backend cannot tell, and the spec's default applies."""
+        return None
+
     def place_model(self, model: Any, precision: str, device: str) -> Any:
         """Move/cast the model for execution at ``precision`` on ``device``; return the placed model."""
         raise NotImplementedError(f"backend {self.name!r} cannot place models")

@@ -7,14 +7,15 @@ depend on which. One counting pass per job feeds both ``count_flops`` and ``esti
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import copy
+from typing import Any, Iterator
 
 import attrs
 
 from rpx_core.context import StageContext
-from rpx_core.errors import UnsupportedError
+from rpx_core.errors import NotApplicable, UnsupportedError
 from rpx_core.hookspecs import hookimpl
-from rpx_core.loading import load_callable
 from rpx_core.types.counts import CountOptions, FlopsResult, ParamsResult, TrafficResult
 
 #: What building or running a model on meta can fail with (the counter's CountingError is a RuntimeError); any other
@@ -52,23 +53,47 @@ def meta_model(ctx: StageContext) -> Any:
         from rpx_plugins.torch.backend import torch_dtype
         from rpx_plugins.torch.counter import build_on_meta
 
-        factory = load_callable(ctx.job.model.source, what=f"model {ctx.job.model.name!r}")
-        model = build_on_meta(factory, **ctx.job.model.kwargs)
+        with ctx.setup_phase("import"):
+            build = ctx.model_factory()
+        with ctx.setup_phase("build"):
+            model = looked_inside(ctx, build_on_meta(build))
         ctx.cache["meta_model"] = model.eval().to(dtype=torch_dtype(counted_precision(ctx.job.precision)))
     return ctx.cache["meta_model"]
 
 
-def given_object(ctx: StageContext) -> tuple[Any, str]:
-    """A live model passed through the Python API is counted as it is; its dtype must match the precision."""
+def looked_inside(ctx: StageContext, model: Any) -> Any:
+    """``model`` when it is a torch.nn.Module; any other callable (a client of a served model, a compiled artefact)
+    is opaque: its counted stages are not applicable, said with the reason, while its measured stages run."""
+    import torch
+
+    if isinstance(model, torch.nn.Module):
+        return model
+    kind = f"{type(model).__module__}.{type(model).__qualname__}"
+    raise NotApplicable(f"model {ctx.job.model.name!r} is a {kind}, not a torch.nn.Module: rpx cannot look inside "
+                        "it, so it is not counted (measured stages still run)")
+
+
+def live_meta_copy(ctx: StageContext) -> Any:
+    """A meta copy (see meta_copy) of the live model object passed through the Python API, at the job's precision
+    (or its stand-in); the caller's model is never changed."""
     from rpx_plugins.torch.backend import torch_dtype
 
-    model = ctx.model_object
-    floating = [p for p in model.parameters() if p.is_floating_point()]
-    expected = torch_dtype(counted_precision(ctx.job.precision))
-    if floating and floating[0].dtype != expected:
-        raise UnsupportedError(f"the model object holds {floating[0].dtype} weights but precision is {ctx.job.precision!r} "
-                               f"(counted with {expected} weights); cast the model or pass the matching precision")
-    return model, (str(floating[0].device) if floating else ctx.job.device)
+    model = looked_inside(ctx, ctx.adapt(ctx.model_object))
+    return meta_copy(model).to(dtype=torch_dtype(counted_precision(ctx.job.precision)))
+
+
+def meta_copy(model: Any) -> Any:
+    """A copy of ``model`` whose parameters and buffers are meta tensors of the same shapes and dtypes, made without
+    copying their data (tied parameters stay tied). Tensors held outside parameters and buffers are copied as they
+    are, so a forward that mixes them with the meta weights fails, and ``count_on = "auto"`` counts on the device."""
+    import torch
+
+    memo: dict[int, Any] = {}
+    for param in model.parameters():
+        memo[id(param)] = torch.nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+    for buffer in model.buffers():
+        memo[id(buffer)] = buffer.detach().to("meta")
+    return copy.deepcopy(model, memo)
 
 
 def count(ctx: StageContext) -> Any:
@@ -83,30 +108,48 @@ def count(ctx: StageContext) -> Any:
 
 
 def counted_where_asked(ctx: StageContext, options: CountOptions) -> tuple[Any, str | None]:
-    """The counted pass, and why it ran on the device when meta was asked for (None when it was not)."""
-    if ctx.model_object is not None:
-        model, device = given_object(ctx)
-        return count_pass(ctx, model, device, options), None
+    """The counted pass, and why it ran on the device when meta was asked for (None when it was not). A live object
+    is counted like a factory's model: a copy of it moved to meta, or its copy placed on the job's device."""
     stand_in = ctx.job.precision in STAND_INS
     if options.count_on == "device":
         if stand_in:
             raise UnsupportedError(f"precision {ctx.job.precision!r} is counted on the meta device only (torch backends "
                                    "cannot execute it); set [options.count_flops] count_on = \"meta\" or \"auto\"")
-        return count_pass(ctx, ctx.model(), ctx.job.device, options), None
+        return count_pass(ctx, *device_model(ctx), options), None
     try:
-        return count_pass(ctx, meta_model(ctx), "meta", options), None
+        model = live_meta_copy(ctx) if ctx.model_object is not None else meta_model(ctx)
+        return count_pass(ctx, model, "meta", options), None
     except META_FAILURES as error:
         if options.count_on == "meta" or ctx.job.model.meta_only or stand_in:
             raise
         ctx.cache.pop("meta_model", None)
-        report = count_pass(ctx, ctx.model(), ctx.job.device, options)
+        report = count_pass(ctx, *device_model(ctx), options)
         return report, f"could not count on meta: {describe(error)}; counted on {report.flops.counted_on}"
+
+
+def device_model(ctx: StageContext) -> tuple[Any, str]:
+    """The model counted on the job's device: the placed model the measuring stages share (for a live object, its
+    placed copy)."""
+    return looked_inside(ctx, ctx.model()), ctx.job.device
 
 
 def describe(error: BaseException) -> str:
     """``Type: first line of the message``, short enough for a result field."""
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+@contextlib.contextmanager
+def module_mode(model: Any, training: bool) -> Iterator[None]:
+    """``model`` (every submodule) in training or eval mode for the counted pass, each submodule's own mode put back
+    after it: the placed model is shared with the stages that measure it in eval mode."""
+    before = [(module, module.training) for module in model.modules()]
+    model.train(training)
+    try:
+        yield
+    finally:
+        for module, was_training in before:
+            module.training = was_training
 
 
 def count_pass(ctx: StageContext, model: Any, device: str, options: CountOptions) -> Any:
@@ -117,7 +160,7 @@ def count_pass(ctx: StageContext, model: Any, device: str, options: CountOptions
 
     precision = ctx.job.precision
     args, kwargs = make_inputs(ctx.job.model, options.batch_size, counted_precision(precision), device)
-    with torch.no_grad():
+    with torch.no_grad(), module_mode(model, training=options.mode == "train"):
         return count_model(model, args, kwargs, backward=options.backward, top_k=options.top_k,
                            module_depth=options.module_depth, formulas=ctx.plugins.op_formulas(),
                            attention_backward=options.attention_backward, element_sizes=element_sizes(precision))
@@ -130,13 +173,13 @@ def rpx_count_params(ctx: StageContext) -> ParamsResult | None:
     from rpx_plugins.torch.params import count_parameters
 
     if ctx.model_object is not None:
-        return count_parameters(ctx.model_object, ctx.job.precision)
+        return count_parameters(looked_inside(ctx, ctx.adapt(ctx.model_object)), ctx.job.precision)
     try:
         model = meta_model(ctx)
     except META_FAILURES:
         if ctx.job.model.meta_only:
             raise
-        model = ctx.build_model()  # the factory cannot build on meta: count a real, unplaced model
+        model = looked_inside(ctx, ctx.build_model())  # the factory cannot build on meta: count a real, unplaced model
     return count_parameters(model, ctx.job.precision)
 
 

@@ -46,9 +46,13 @@ class CountingMode(TorchDispatchMode):
 
 
 def meta_error(op: str, error: BaseException) -> CountingError:
+    if "expected device" in str(error) or "same device" in str(error):
+        why = ("it mixes meta tensors with tensors on a real device (a tensor the model holds outside its parameters "
+               "and buffers, or makes on a fixed device)")
+    else:
+        why = "its result depends on tensor values (.item(), nonzero, boolean masks, unique, ...), and meta tensors have none"
     return CountingError(
-        f"cannot count {op} on the meta device: its result depends on tensor values (.item(), nonzero, boolean "
-        f"masks, unique, ...), and meta tensors have none. Count this model on a real device instead (e.g. build it "
+        f"cannot count {op} on the meta device: {why}. Count this model on a real device instead (e.g. build it "
         f"and its inputs on 'cpu', with small inputs if memory is short). Underlying error: {error}"
     )
 
