@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib.machinery
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,8 @@ def find_module(name: str) -> str | None:
     parts = name.split(".")
     for depth in range(len(parts)):
         partial = ".".join(parts[: depth + 1])
-        spec = importlib.machinery.PathFinder.find_spec(partial, search)
+        # A top-level name goes through every finder (an editable install's finder too); importing nothing.
+        spec = importlib.util.find_spec(partial) if depth == 0 else importlib.machinery.PathFinder.find_spec(partial, search)
         if spec is None:
             raise ModuleNotFoundError(f"no module {partial!r}", name=partial)
         search = list(spec.submodule_search_locations or [])

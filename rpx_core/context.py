@@ -13,6 +13,7 @@ import attrs
 from rpx_core.errors import UnsupportedError
 from rpx_core.loading import load_callable
 from rpx_core.precision import Precision, get_precision
+from rpx_core.progress import ProgressReporter
 from rpx_core.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -48,6 +49,13 @@ class StageContext:
     #: estimate_traffic). Not written to results.
     cache: dict[str, Any] = attrs.Factory(dict)
     model_object: Any = None  # a live model given through the Python API instead of an import path
+    #: Where ``progress`` sends its events (set by the loop running the stages; a bare context drops them).
+    reporter: ProgressReporter = attrs.Factory(ProgressReporter)
+
+    def progress(self, phase: str, done: int, total: int | None = None) -> None:
+        """Report ``done`` of ``total`` units of a long phase (None: end unknown); throttled, so a measuring loop
+        may call it on every iteration it can afford a function call in (never inside a timed region)."""
+        self.reporter(phase, done, total)
 
     @property
     def precision(self) -> Precision:
@@ -111,3 +119,8 @@ class RunContext:
     #: The partial result of an interrupted earlier attempt at this stage (``rpx run --resume``), for a stage that
     #: can continue from it (batch_search keeps its finished trials); None otherwise.
     previous: Any = None
+    reporter: ProgressReporter = attrs.Factory(ProgressReporter)  # see StageContext.progress
+
+    def progress(self, phase: str, done: int, total: int | None = None) -> None:
+        """As :meth:`StageContext.progress` (e.g. batch-search trials)."""
+        self.reporter(phase, done, total)

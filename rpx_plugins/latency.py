@@ -60,7 +60,7 @@ def warm_up(call: Callable[[], Any], synchronize: Callable[[], None], calls: int
 
 
 def sample_calls(call: Callable[[], Any], timer: Timer, min_samples: int, max_seconds: float,
-                 deadline: Deadline = Deadline()) -> Sampling:
+                 deadline: Deadline = Deadline(), progress: Callable[..., None] = lambda *_: None) -> Sampling:
     """Time single calls until ``min_samples`` are taken, or ``max_seconds`` or the stage's ``deadline`` passed (at
     least one is always taken)."""
     clock = time.perf_counter
@@ -79,6 +79,8 @@ def sample_calls(call: Callable[[], Any], timer: Timer, min_samples: int, max_se
         if clock() >= deadline_at:
             stopped_by = "max_seconds"
             break
+        if not len(samples) % 64:  # between timed calls, never inside one
+            progress("latency sampling", len(samples), min_samples)
     return Sampling(tuple(samples), clock() - began, stopped_by)
 
 
@@ -142,7 +144,8 @@ def measure_all_throughput(ctx: StageContext, options: LatencyOptions, timer: Ti
     none is started after ``deadline``."""
     results: list[ThroughputResult] = []
     smallest_failed: int | None = None
-    for batch_size in ctx.job.batch_sizes:
+    for done, batch_size in enumerate(ctx.job.batch_sizes):
+        ctx.progress("throughput", done, len(ctx.job.batch_sizes))
         if deadline.expired():
             results.append(ThroughputResult(batch_size, error=f"not measured: measure_latency's max_seconds "
                                             f"({options.max_seconds:g} s) was reached"))
@@ -214,7 +217,7 @@ def measure_latency(ctx: StageContext) -> LatencyResult:
         backend.reset_peak_memory(device)
         with gc_paused():  # rpx's own collection and reset are not the model's time: the deadline moves past them
             deadline = deadline.extended(time.monotonic() - paused)
-            sampling = sample_calls(call, timer, options.min_samples, options.max_seconds, deadline)
+            sampling = sample_calls(call, timer, options.min_samples, options.max_seconds, deadline, ctx.progress)
         peak = backend.read_peak_memory(device)
         throughput = measure_all_throughput(ctx, options, timer, deadline)
     card = ctx.results.get("system_card")
