@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "for debugging); default: the spec's [execution] isolation")
     run.add_argument("--stage-timeout", type=float, metavar="SECONDS", help="kill and record a stage past this")
     run.add_argument("--job-timeout", type=float, metavar="SECONDS", help="kill and record a model job past this")
+    run.add_argument("-q", "--quiet", action="store_true", help="print nothing but failed stages and the results path")
+    run.add_argument("--events", choices=("jsonl",),
+                     help="jsonl: one JSON object per event (stage started, progress, stage finished, run finished) "
+                          "on stdout, instead of the tables")
     run.set_defaults(handler=cmd_run)
 
     validate = command("validate", "check a spec without running it")
@@ -60,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     gpus.add_argument("--pack", action="append", default=[], metavar="FILE", help="also load this GPU pack TOML file")
     gpus.add_argument("--json", action="store_true")
     gpus.set_defaults(handler=cmd_gpus)
+
+    from rpx_core.commands import compare, plot, report, show
+
+    for module in (show, compare, plot, report):
+        module.register(command)
     return parser
 
 
@@ -85,7 +94,7 @@ def load_plugins(args: argparse.Namespace, *, tolerant: bool = False):
 def cmd_run(args: argparse.Namespace) -> int:
     from rpx_core.api import run_spec
     from rpx_core.checks import validate
-    from rpx_core.summary import render_run
+    from rpx_core.console import RunConsole, choose_mode
 
     plugins = load_plugins(args)
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip()) if args.stages is not None else None
@@ -93,18 +102,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else spec.output_path()
     overrides = {key: value for key, value in (("isolation", args.isolation), ("stage_timeout", args.stage_timeout),
                                                ("job_timeout", args.job_timeout)) if value is not None}
-    result = run_spec(spec, output=output, fmt=args.format, stages=stages, plugins=plugins, spec_path=args.spec,
-                      listener=print_progress, execution=overrides, resume=args.resume)
-    print(render_run(result))
-    print(f"results: {output}")
+    console = RunConsole(choose_mode(quiet=args.quiet, events=args.events))
+    with console:
+        result = run_spec(spec, output=output, fmt=args.format, stages=stages, plugins=plugins, spec_path=args.spec,
+                          observer=console, execution=overrides, resume=args.resume)
+    console.finished(output, result.ok)
+    if console.mode in ("live", "plain"):
+        from rpx_core import render, views
+
+        render.terminal(views.tables(result, views.RUN_END), [], sys.stdout, width=None if sys.stdout.isatty() else 200)
+    if console.mode != "jsonl":
+        print(f"results: {output}")
     return EXIT_OK if result.ok else EXIT_STAGE_FAILED
-
-
-def print_progress(model: str, stage: str, record: Any) -> None:
-    detail = f"{record.seconds:.2f} s" if record.seconds is not None else ""
-    if record.error:
-        detail = f"{detail}  {record.error.splitlines()[0]}".strip()
-    print(f"  {model:<20} {stage:<18} {record.status:<8} {detail}", file=sys.stderr)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
