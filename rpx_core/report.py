@@ -38,7 +38,7 @@ def _file(label: str, run: Any) -> dict[str, Any]:
             ("spec", provenance.spec_path or "-"), ("spec hash", provenance.spec_hash),
             ("command", provenance.command or "-"),
             ("plugins", ", ".join(f"{p.name} ({p.distribution} {p.version})" for p in provenance.plugins) or "-"),
-            *((f"system", line.removeprefix("system: ")) for line in views.footer(run)[:-1])]
+            *(("system", line.removeprefix("system: ")) for line in views.footer(run)[:-1])]
     return {"label": label, "tables": views.tables(run, TABLES), "charts": charts, "chart_notes": notes,
             "provenance": rows}
 

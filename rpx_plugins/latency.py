@@ -20,6 +20,7 @@ from rpx_core.backends import Backend, Timer
 from rpx_core.context import StageContext
 from rpx_core.hookspecs import hookimpl
 from rpx_core.limits import Deadline
+from rpx_core.progress import INTERVAL as PROGRESS_INTERVAL
 from rpx_core.types.latency import LatencyOptions, LatencyResult, ThroughputResult
 from rpx_plugins.measurement import gc_paused
 
@@ -67,7 +68,7 @@ def sample_calls(call: Callable[[], Any], timer: Timer, min_samples: int, max_se
     start, stop = timer.start, timer.stop
     samples: list[float] = []
     append = samples.append
-    began = clock()
+    began = next_report = clock()
     deadline_at = min(began + max_seconds, began + deadline.remaining())
     while True:
         start()
@@ -76,11 +77,12 @@ def sample_calls(call: Callable[[], Any], timer: Timer, min_samples: int, max_se
         if len(samples) >= min_samples:
             stopped_by = "min_samples"
             break
-        if clock() >= deadline_at:
+        if (now := clock()) >= deadline_at:
             stopped_by = "max_seconds"
             break
-        if not len(samples) % 64:  # between timed calls, never inside one
+        if now >= next_report:  # between timed calls, never inside one; a few times a second
             progress("latency sampling", len(samples), min_samples)
+            next_report = now + PROGRESS_INTERVAL
     return Sampling(tuple(samples), clock() - began, stopped_by)
 
 

@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 from rpx_core.api import load_results
-from rpx_core.compare import compare, verdict, figures
+from rpx_core.compare import compare, figures, verdict
 
 DATA = Path(__file__).parent / "data"
 RUN_A, RUN_B = DATA / "run_a_results.toml", DATA / "run_b_other_shapes_results.toml"
