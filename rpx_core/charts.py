@@ -38,7 +38,7 @@ def roofline_figure(run: Any) -> Any:
     models = [model for model in run.models if ok_result(model, "roofline") and ok_result(model, "estimate_traffic")]
     if not models:
         raise RpxError("the results file has no roofline (run the roofline stage) to plot")
-    figure, axes = plt.subplots(1, len(models), figsize=(6.4 * len(models), 4.8), squeeze=False)
+    figure, axes = plt.subplots(1, len(models), figsize=(6.4 * len(models), 6.4), squeeze=False)
     for ax, model in zip(axes[0], models):
         _roofline_panel(ax, model)
     figure.tight_layout()
@@ -54,9 +54,9 @@ def _roofline_panel(ax: Any, model: Any) -> None:
     bounds = [(gpu, by[model.precision]) for gpu, by in roof.gpus.items() if model.precision in by]
     if not bounds:
         raise RpxError(f"model {model.name!r} has no roofline at its precision {model.precision}")
-    balances = [bound.machine_balance for _, bound in bounds]
-    low = min([*points, *balances]) / 20
-    high = max([*points, *balances]) * 20
+    operators = _operator_points(bounds[0][1], traffic)
+    everything = [*points, *(bound.machine_balance for _, bound in bounds), *(x for _, x in operators)]
+    low, high = min(everything) / 4, max(everything) * 20
     xs = [low * (high / low) ** (i / 200) for i in range(201)]
     for index, (gpu, bound) in enumerate(bounds):
         colour = f"C{index + 2}"
@@ -66,7 +66,7 @@ def _roofline_panel(ax: Any, model: Any) -> None:
             if x:
                 ax.plot([x], [min(peak, bandwidth * x)], marker=marker, color=colour, markersize=7,
                         markerfacecolor="white" if what == "unfused" else colour, linestyle="none")
-    _top_operators(ax, model, bounds[0][1], traffic)
+    _top_operators(ax, bounds[0][1], operators)
     latency = ok_result(model, "measure_latency")
     if latency is not None and fused:
         ax.plot([fused], [total / (latency.p50_ms / 1e3)], marker="*", color="black", markersize=12,
@@ -79,23 +79,28 @@ def _roofline_panel(ax: Any, model: Any) -> None:
     ax.set_ylabel("attainable FLOP/s")
     ax.set_title(f"{model.name} ({model.precision})")
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # below: never over a point
 
 
-def _top_operators(ax: Any, model: Any, bound: Any, traffic: Any) -> None:
-    """The first GPU's top operators at their own intensity (all calls of the operator), on that GPU's roof, coloured
-    by bottleneck."""
-    peak, bandwidth = bound.peak_tflops * 1e12, bound.bandwidth_gb_s * 1e9
-    seen = set()
+def _operator_points(bound: Any, traffic: Any) -> list[tuple[str, float]]:
+    """(operator, intensity over all its calls) of the top operators of ``bound``."""
+    points = []
     for op in dict.fromkeys(top.op for top in bound.top_operators):
         group = [record for record in traffic.op_records if record.op == op]
         flops = sum(r.flops * r.count for r in group)
         moved = sum((r.bytes_read + r.bytes_written) * r.count for r in group)
-        if not flops or not moved:
-            continue
-        x = flops / moved
+        if flops and moved:
+            points.append((op, flops / moved))
+    return points
+
+
+def _top_operators(ax: Any, bound: Any, points: list[tuple[str, float]]) -> None:
+    """The first GPU's top operators at their own intensity, on that GPU's roof, coloured by bottleneck."""
+    peak, bandwidth = bound.peak_tflops * 1e12, bound.bandwidth_gb_s * 1e9
+    seen = set()
+    for op, x in points:
         bottleneck = "compute" if x >= bound.machine_balance else "memory"
-        label = f"operator, {bottleneck}-bound" if bottleneck not in seen else None
+        label = f"operator on {bound.gpu}, {bottleneck}-bound" if bottleneck not in seen else None
         seen.add(bottleneck)
         y = min(peak, bandwidth * x)
         ax.plot([x], [y], marker="^", color=COLOURS[bottleneck], markersize=6, linestyle="none", label=label)

@@ -21,7 +21,9 @@ def terminal(tables: Sequence[Table], footer: Sequence[str], file: TextIO, *, wi
     from rich.markup import escape
     from rich.table import Table as RichTable
 
-    console = Console(file=file, width=width, highlight=False, soft_wrap=False)
+    terminal_file = hasattr(file, "isatty") and file.isatty()
+    target = file if terminal_file else io.StringIO()
+    console = Console(file=target, width=width, highlight=False, soft_wrap=False)
     for table in tables:
         shown = RichTable(title=escape(table.title), box=box.SIMPLE_HEAD, title_justify="left", title_style="bold")
         for index, column in enumerate(table.columns):
@@ -34,6 +36,8 @@ def terminal(tables: Sequence[Table], footer: Sequence[str], file: TextIO, *, wi
         console.print()
     for line in footer:
         console.print(f"[dim]{escape(line)}[/dim]")
+    if not terminal_file:  # a file or a pipe: no padding to the console's width
+        file.write("\n".join(line.rstrip() for line in target.getvalue().splitlines()) + "\n")
 
 
 def _is_text(table: Table, index: int) -> bool:

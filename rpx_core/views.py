@@ -140,6 +140,13 @@ def latency_marks(latency: Any) -> str:
     return (NOISY if noisy else "") + (PARTIAL if partial else "")
 
 
+def fallback_verdict(latency: Any) -> str:
+    """The verdict of a results file older than the ``verdict`` field, in its words."""
+    if latency.noisy_warning:
+        return "noisy"
+    return "too_few_samples" if latency.stopped_by == "max_seconds" else "stable"
+
+
 def interval_text(latency: Any) -> str:
     interval = _attr(latency, "p50_interval_ms")
     if not interval:
@@ -157,9 +164,7 @@ def latency(run: Any) -> Table | None:
         if result is None:
             continue
         marks = latency_marks(result)
-        verdict = _attr(result, "verdict") or ("noisy" if result.noisy_warning else "stable")
-        if PARTIAL in marks and _attr(result, "verdict") is None:
-            verdict += f", {'stopped by max_seconds' if result.stopped_by == 'max_seconds' else 'partial'}"
+        verdict = _attr(result, "verdict") or fallback_verdict(result)
         interval = _attr(result, "p50_interval_ms")
         peak = result.peak_memory
         rows.append([
