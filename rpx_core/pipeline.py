@@ -13,7 +13,7 @@ import platform
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterable, Literal
 
 import attrs
 
@@ -157,7 +157,8 @@ def run_job(job: Job, plan: Plan, plugins: Plugins, executor: Executor, results:
         if isinstance(event, Finished):
             records[event.stage] = event.record
             ordered = {name: records[name] for name in job.stages if name in records}
-            model = attrs.evolve(model, stages=ordered, summary=summarise(ordered, plugins.stages(plan.spec.choose)))
+            model = attrs.evolve(model, stages=ordered, summary=summarise(ordered, plugins.stages(plan.spec.choose)),
+                                 setup=setup_by_phase(ordered.values()))
             results.put_model(model)
             if listener:
                 listener(job.model.name, event.stage, event.record)
@@ -196,6 +197,15 @@ def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Executor, r
     task = Task("run", plan.jobs, (name,), kept, plan.spec.choose, plan.gpu_catalog,
                 options=plan.options.get(name), previous=earlier.result if earlier is not None else None)
     executor.run(task, report)
+
+
+def setup_by_phase(records: Iterable[StageRecord]) -> dict[str, float]:
+    """The model's setup seconds by phase: what each stage's record timed apart from its own seconds, summed."""
+    total: dict[str, float] = {}
+    for record in records:
+        for phase, seconds in record.setup.items():
+            total[phase] = round(total.get(phase, 0.0) + seconds, 6)
+    return total
 
 
 def _model_result(job: Job, records: dict[str, StageRecord], finished: bool = False) -> ModelResult:

@@ -36,6 +36,9 @@ class StageRecord:
     provided_by: str | None = None  # the plugin whose hook implementation produced the result
     result: Any = None
     stderr_tail: str | None = None  # the last output of a worker that crashed, timed out or exited in this stage
+    #: Seconds of setup that happened during this stage ("import": frameworks and the model's module, "build": the
+    #: model factory or copy, "place": moving/casting it to the device), excluded from ``seconds``.
+    setup: dict[str, float] = attrs.Factory(dict)
 
 
 StageRecords = dict[str, StageRecord]
@@ -56,6 +59,9 @@ class ModelResult:
     #: Flat fields (params_m, flops_g, macs_g, memory_traffic_gb, arithmetic_intensity, actmem_gb_fp16,
     #: latency_p50_ms, ...) that each stage declares (Stage.summary); the built-in ones are defined in rpx_plugins.stages.
     summary: dict[str, float | str] = attrs.Factory(dict)
+    #: Seconds of setup by phase ("import", "build", "place"), summed over the stages during which it happened;
+    #: no stage's ``seconds`` includes them.
+    setup: dict[str, float] = attrs.Factory(dict)
 
     @property
     def ok(self) -> bool:

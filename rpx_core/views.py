@@ -17,8 +17,10 @@ from rpx_core import units
 
 #: Marks appended to figures whose measurement is not clean, with what they mean (shown under the table).
 NOISY, PARTIAL = "~", "!"
-MARKS = {NOISY: "noisy: the samples' spread is above the noise threshold (see the latency table's verdict)",
-         PARTIAL: "partial: stopped by max_seconds before min_samples, or too few samples for every percentile"}
+MARKS = {NOISY: "noisy: the median's confidence interval is wider than the target width (older files: the spread "
+                "is above the noise threshold)",
+         PARTIAL: "too few samples for a confidence interval: do not trust the figure (older files: stopped by "
+                  "max_seconds before min_samples)"}
 
 
 @attrs.frozen
@@ -132,11 +134,13 @@ def roofline(run: Any) -> Table | None:
 
 
 def latency_marks(latency: Any) -> str:
-    """The marks of a latency result: noisy (verdict or spread warning), partial (too few samples)."""
+    """The marks of a latency result, from its ``verdict``; a file older than verdicts is judged by its spread
+    warning and whether sampling stopped before ``min_samples``."""
     verdict = _attr(latency, "verdict")
-    noisy = verdict == "noisy" if verdict is not None else bool(_attr(latency, "noisy_warning"))
-    partial = verdict == "too_few_samples" or _attr(latency, "stopped_by") == "max_seconds" \
-        or bool(_attr(latency, "unclaimed_percentiles"))
+    if verdict is not None:
+        return {"noisy": NOISY, "too_few_samples": PARTIAL}.get(verdict, "")
+    noisy = bool(_attr(latency, "noisy_warning"))
+    partial = _attr(latency, "stopped_by") == "max_seconds"
     return (NOISY if noisy else "") + (PARTIAL if partial else "")
 
 
@@ -158,7 +162,9 @@ def interval_text(latency: Any) -> str:
 
 def latency(run: Any) -> Table | None:
     """Measured per-call latency at batch 1, with its interval, spread, verdict and peak memory."""
-    rows, clocks = [], {}
+    from rpx_core.summary import timing_note
+
+    rows, clocks, warnings = [], {}, []
     for model in run.models:
         result = ok_result(model, "measure_latency")
         if result is None:
@@ -177,15 +183,20 @@ def latency(run: Any) -> Table | None:
             Cell(result.samples_count, str(result.samples_count)),
             Cell(verdict, verdict),
             Cell.of(peak.peak_bytes if peak else None, units.size, " (sampled)" if peak and peak.sampled else ""),
+            Cell.of(_attr(peak, "increment_bytes"), units.size),
         ])  # fmt: skip
+        if (note := timing_note(model.name, model.summary)) is not None:
+            warnings.append(note)
         clocks.setdefault(result.clock, []).append(model.name)
     if not rows:
         return None
-    notes = ["per call at batch 1, each call synchronised; percentiles by linear interpolation; spread = IQR / p50",
+    notes = [*warnings,
+             "per call at batch 1, each call synchronised; percentiles by linear interpolation; spread = IQR / p50; "
+             "call bytes: the measured region's peak less its start",
              *(f"{mark}: {meaning}" for mark, meaning in MARKS.items()),
              *(f"clock ({', '.join(names)}): {clock}" for clock, names in clocks.items())]
     return _table("latency", "Tier 3: measured latency", ["model", "p50 ms", "p50 interval ms", "p90 ms",
-                  "p99 ms", "mean ms", "spread", "samples", "verdict", "peak memory bytes"], rows, notes)
+                  "p99 ms", "mean ms", "spread", "samples", "verdict", "peak memory bytes", "call bytes"], rows, notes)
 
 
 def throughput(run: Any) -> Table | None:

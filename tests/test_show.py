@@ -91,19 +91,23 @@ def test_batch_search_table_marks_the_choice_and_the_failures(batch):
     assert any(note.startswith("chosen: trial") for note in table.notes)
 
 
-def test_noisy_and_partial_latency_is_marked(run_a):
+def test_noisy_and_thin_latency_is_marked(run_a):
     import attrs
 
-    model = run_a.models[0]
-    latency = model.result("measure_latency")
-    noisy = attrs.evolve(latency, noisy_warning="noisy machine", stopped_by="max_seconds")
-    clean = attrs.evolve(latency, noisy_warning=None, stopped_by="min_samples", unclaimed_percentiles=())
-    assert views.latency_marks(noisy) == views.NOISY + views.PARTIAL
-    assert views.latency_marks(clean) == ""
-    # the fields a newer results file adds are read by name when present
-    assert views.latency_marks({"verdict": "stable", "stopped_by": "min_samples"}) == ""
-    assert views.latency_marks({"verdict": "too_few_samples"}) == views.PARTIAL
+    latency = run_a.models[0].result("measure_latency")
+    assert views.latency_marks(attrs.evolve(latency, verdict="noisy")) == views.NOISY
+    assert views.latency_marks(attrs.evolve(latency, verdict="too_few_samples")) == views.PARTIAL
+    assert views.latency_marks(attrs.evolve(latency, verdict="stable")) == ""
+    # a file older than verdicts: judged by its spread warning and where sampling stopped
+    assert views.latency_marks({"noisy_warning": "noisy machine", "stopped_by": "max_seconds"}) == "~!"
+    assert views.latency_marks({"stopped_by": "min_samples"}) == ""
     assert views.interval_text({"p50_interval_ms": [0.5, 0.52], "interval_confidence": 0.95}) == "500 µs – 520 µs (95%)"
+    # the table shows the mark on the p50 and the verdict in words
+    thin = attrs.evolve(run_a, models=(attrs.evolve(run_a.models[0], stages={
+        **run_a.models[0].stages, "measure_latency": attrs.evolve(run_a.models[0].stages["measure_latency"],
+                                                                   result=attrs.evolve(latency, verdict="too_few_samples"))}),))
+    row = views.latency(thin).rows[0]
+    assert row[1].text.endswith(views.PARTIAL) and row[8].text == "too_few_samples"
 
 
 def test_cli_show_and_its_errors(tmp_path):
