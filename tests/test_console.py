@@ -105,3 +105,27 @@ def test_live_display_draws_progress_and_prints_each_outcome():
         console("m", Finished("measure_latency", StageRecord("failed", seconds=0.0123, error="RuntimeError: boom")))
         assert console._live.tasks == []
     assert "m                    measure_latency    failed   12.3 ms  RuntimeError: boom" in err.getvalue()
+
+
+def test_batch_search_reports_its_trials(tmp_path):
+    spec = tmp_path / "batch.toml"
+    spec.write_text(textwrap.dedent(f"""
+        name = "batch"
+        backend = "cpu"
+        stages = ["batch_search"]
+        output = "{tmp_path / 'res.toml'}"
+        [options.batch_search]
+        memory_budget = "0.5"
+        max_batch = 4
+        trial_seconds = 0.01
+        gain_threshold = 0.0
+        [[models]]
+        name = "cnn"
+        source = "rpx_plugins.torch.zoo:tiny_cnn"
+        inputs = [{{ shape = [1, 3, 8, 8], dtype = "float32" }}]
+    """))
+    done = rpx("run", str(spec), "--events", "jsonl")
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    trials = [event for event in events if event.get("phase") == "batch-search trials"]
+    assert trials and trials[0]["done"] == 0 and trials[0]["total"] is None and trials[0]["model"] == "<run>"

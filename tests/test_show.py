@@ -110,6 +110,12 @@ def test_noisy_and_thin_latency_is_marked(run_a):
     assert row[1].text.endswith(views.PARTIAL) and row[8].text == "too_few_samples"
 
 
+def test_the_cli_offers_every_table():
+    from rpx_core.commands.show import TABLES
+
+    assert TABLES == tuple(views.BUILDERS)
+
+
 def test_cli_show_and_its_errors(tmp_path):
     done = subprocess.run([sys.executable, "-m", "rpx_core.cli", "show", str(BATCH), "--format", "markdown"],
                           capture_output=True, text=True, timeout=120)
