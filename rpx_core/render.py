@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from rpx_core.views import Table
 
+
 def terminal(tables: Sequence[Table], footer: Sequence[str], file: TextIO, *, width: int | None = None) -> None:
     """Rich tables; on a non-terminal ``file`` plain box-drawing text of the same tables (no colour codes)."""
     from rich import box

@@ -8,7 +8,6 @@ from typing import Any
 
 from rpx_core.errors import RpxError
 
-
 #: Table names (rpx_core.views.BUILDERS, checked by a test): listed here so `rpx --help` imports no table code.
 TABLES = ("tier1", "roofline", "latency", "throughput", "batch_search", "uncounted", "problems", "operators",
           "modules", "summary")
