@@ -143,7 +143,7 @@ def compare(runs: Sequence[tuple[str, Any]]) -> Table:
     the verdict (or a note number when not comparable)."""
     labels = [label for label, _ in runs]
     letters = [chr(ord("A") + index) for index in range(len(runs))]
-    notes: list[str] = [f"{letter}: {label}" for letter, label in zip(letters, labels)]
+    notes: list[str] = [f"{letter}: {label} ({_origin(run)})" for letter, label, (_, run) in zip(letters, labels, runs)]
     numbered: dict[str, int] = {}
     names = list(dict.fromkeys(model.name for _, run in runs for model in run.models))
     rows = []
@@ -164,6 +164,13 @@ def compare(runs: Sequence[tuple[str, Any]]) -> Table:
                  "counted figures are exact")
     return Table("compare", f"Comparison of {len(runs)} results files (ratios to A)", tuple(columns),
                  tuple(tuple(row) for row in rows), tuple(notes))
+
+
+def _origin(run: Any) -> str:
+    """Which rpx and which machine made a file (two machines or two rpx versions are what compare is for)."""
+    cards = [card for model in run.models if (card := ok_result(model, "system_card")) is not None]
+    machine = f", {cards[0].summary()}" if cards else ""
+    return f"rpx {run.provenance.rpx_version}, schema {run.schema_version}{machine}"
 
 
 def _model(run: Any, name: str) -> Any:
