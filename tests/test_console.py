@@ -22,7 +22,7 @@ batch_sizes = [1, 2]
 output = "{out}"
 
 [options.measure_latency]
-max_seconds = 1.0
+max_seconds = 0.5
 min_samples = 400
 warmup_calls = 2
 warmup_seconds = 0.05
@@ -76,7 +76,7 @@ def test_jsonl_events_from_a_real_worker(tmp_path):
 
 
 def test_piped_run_prints_plain_lines_and_tables_in_human_units(tmp_path):
-    done = rpx("run", str(write_spec(tmp_path)))
+    done = rpx("run", str(write_spec(tmp_path)), "--isolation", "in-process")  # the console is the same; no zygote
     assert done.returncode == 0, done.stderr
     assert "\x1b[" not in done.stderr + done.stdout  # nothing redrawn, no colour codes
     lines = done.stderr.splitlines()
@@ -87,7 +87,7 @@ def test_piped_run_prints_plain_lines_and_tables_in_human_units(tmp_path):
 
 
 def test_quiet_prints_only_the_results_path(tmp_path):
-    done = rpx("run", str(write_spec(tmp_path)), "--quiet")
+    done = rpx("run", str(write_spec(tmp_path)), "--quiet", "--isolation", "in-process")
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     assert done.stdout == f"results: {tmp_path / 'res.toml'}\n"
