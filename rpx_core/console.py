@@ -27,11 +27,13 @@ Mode = Literal["live", "plain", "jsonl", "quiet"]
 STYLES = {"ok": "green", "failed": "bold red", "skipped": "yellow", "interrupted": "bold yellow"}
 
 
-def choose_mode(*, quiet: bool, events: str | None, stream: TextIO = sys.stderr) -> Mode:
+def choose_mode(*, quiet: bool, events: str | None, stream: TextIO | None = None) -> Mode:
+    """``stream``: where progress goes (default: the current ``sys.stderr``, looked up at each call)."""
     if events == "jsonl":
         return "jsonl"
     if quiet:
         return "quiet"
+    stream = stream or sys.stderr
     return "live" if stream.isatty() else "plain"
 
 
