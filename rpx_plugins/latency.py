@@ -90,12 +90,12 @@ def sample_calls(call: Callable[[], Any], timer: Timer, min_samples: int, max_se
                 stopped_by = "target_width"
                 break
             check_at = max(len(samples) + 1, math.ceil(len(samples) * CHECK_GROWTH))
-        if (now := clock()) >= deadline_at:
-            stopped_by = "max_seconds"
-            break
-        if now >= next_report:  # between timed calls, never inside one; a few times a second
+        if (now := clock()) >= next_report:  # between timed calls, never inside one; a few times a second
             progress("latency sampling", len(samples), min_samples)
             next_report = now + PROGRESS_INTERVAL
+        if now >= deadline_at:
+            stopped_by = "max_seconds"
+            break
     return Sampling(tuple(samples), clock() - began, stopped_by)
 
 

@@ -22,7 +22,7 @@ batch_sizes = [1, 2]
 output = "{out}"
 
 [options.measure_latency]
-max_seconds = 0.5
+max_seconds = 1.0
 min_samples = 400
 warmup_calls = 2
 warmup_seconds = 0.05
