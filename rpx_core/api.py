@@ -18,6 +18,7 @@ from rpx_core.pipeline import Listener, Observer, run_plan
 from rpx_core.plan import make_plan
 from rpx_core.plugins import Plugins
 from rpx_core.results import ModelResult, RunResult
+from rpx_core.sources import split
 from rpx_core.spec import DEFAULT_STAGES, Spec, load_spec, spec_from_dict
 
 __all__ = ["load_spec", "run_spec", "run", "profile", "load_results", "StageFailed"]
@@ -38,18 +39,20 @@ def run_spec(
     listener: Listener | None = None,
     execution: Mapping[str, Any] | None = None,
     resume: bool = False,
+    where: str | None = None,
     observer: Observer | None = None,
 ) -> RunResult:
     """Run a loaded spec. Results are written to ``output`` as they are measured, in ``fmt`` (default: JSON for a
     .json suffix, else TOML). ``execution`` overrides keys of the spec's ``[execution]`` table (isolation, timeouts);
-    ``resume`` continues the run already in ``output`` (see rpx_core.resume)."""
+    ``resume`` continues the run already in ``output`` (see rpx_core.resume). ``where`` names the spec in problem
+    lines (default: ``spec_path``)."""
     plugins = plugins or Plugins.load()
     if execution:
         spec = attrs.evolve(spec, execution=structure({**converter.unstructure(spec.execution), **execution}, Execution,
                                                       where=spec_path or "<spec>", base_path="execution"))
     if spec.backend_inferred:
         spec = with_inferred_backend(spec, plugins, model_objects or {})
-    where = spec_path or "<spec>"
+    where = where or spec_path or "<spec>"
     plan = make_plan(spec, plugins, where=where, stages=tuple(stages) if stages is not None else None)
     path = spec.output_path() if output is DEFAULT else (Path(output) if output is not None else None)
     problems = run_problems(spec, plan, plugins, where=where, output=path, spec_path=spec_path)
@@ -66,8 +69,8 @@ def with_inferred_backend(spec: Spec, plugins: Plugins, model_objects: dict[str,
     first = spec.models[0]
     model = model_objects.get(first.name)
     if model is None:
-        if first.meta_only:
-            return spec
+        if first.meta_only or split(first.source, plugins.model_sources(spec.choose)):
+            return spec  # never built here: a named model may be far larger than this machine (built on meta later)
         try:
             model = load_callable(first.source, what=f"model {first.name!r}")(**first.kwargs)
         except Exception:

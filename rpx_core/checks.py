@@ -47,12 +47,21 @@ def validate(path: str | Path, plugins: Any, *, stages: tuple[str, ...] | None =
 def run_problems(spec: Any, plan: Any, plugins: Any, *, where: str, output: Path | None,
                  spec_path: str | None) -> list[str]:
     """Problems only the file system, the backend's device names and the limits together can show."""
+    from rpx_core import sources
+
     problems: list[str] = []
+    registry = plugins.model_sources(spec.choose)
     for index, model in enumerate(spec.models):
+        problems.extend(f"models[{index}].{line}" for line in
+                        sources.problems(sources.resolve_target(model, spec.base_dir, registry), registry))
         for key in ("source", "input_factory"):
             source = getattr(model, key)
+            if key == "source" and sources.split(source, registry):
+                continue  # a named model: checked by its source above
             if source and ":" in source and not source.startswith("<object>"):
                 problem = import_path_problem(source, Path(spec.base_dir))
+                if problem and key == "source" and not source.partition(":")[0].endswith(".py"):
+                    problem += sources.unknown_scheme_hint(source, registry)
                 if problem:
                     problems.append(f"models[{index}].{key}: {problem}")
     if plan is not None:
@@ -122,7 +131,7 @@ def find_module(name: str) -> str | None:
     parts = name.split(".")
     for depth in range(len(parts)):
         partial = ".".join(parts[: depth + 1])
-        # A top-level name goes through every finder (an editable install's finder too); importing nothing.
+        # The top level through every finder (an editable install's finder too); below it, the package's folders.
         spec = importlib.util.find_spec(partial) if depth == 0 else importlib.machinery.PathFinder.find_spec(partial, search)
         if spec is None:
             raise ModuleNotFoundError(f"no module {partial!r}", name=partial)

@@ -12,6 +12,14 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from rpx_core.commands import compare as compare_command
+from rpx_core.commands import gpus as gpus_command
+from rpx_core.commands import init as init_command
+from rpx_core.commands import plot as plot_command
+from rpx_core.commands import profile as profile_command
+from rpx_core.commands import report as report_command
+from rpx_core.commands import show as show_command
+from rpx_core.commands.common import load_plugins
 from rpx_core.exit_codes import ExitCode, for_signal
 from rpx_core.version import __version__
 
@@ -59,15 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     backends.add_argument("--json", action="store_true")
     backends.set_defaults(handler=cmd_backends)
 
-    gpus = command("gpus", "list GPU specs from every pack, or show one in full")
-    gpus.add_argument("name", nargs="?", help="a GPU name or alias")
-    gpus.add_argument("--pack", action="append", default=[], metavar="FILE", help="also load this GPU pack TOML file")
-    gpus.add_argument("--json", action="store_true")
-    gpus.set_defaults(handler=cmd_gpus)
-
-    from rpx_core.commands import compare, plot, report, show
-
-    for module in (show, compare, plot, report):
+    for module in (gpus_command, init_command, profile_command, show_command, compare_command, plot_command,
+                   report_command):
         module.register(command)
     return parser
 
@@ -84,17 +85,10 @@ def add_common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> No
                         **(keep or {"default": None}))
 
 
-def load_plugins(args: argparse.Namespace, *, tolerant: bool = False):
-    from rpx_core.plugins import Plugins
-
-    return Plugins.load([*args.disable, *getattr(args, "disable_after", [])], strict=args.strict_plugins,
-                        tolerant=tolerant)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from rpx_core.api import run_spec
     from rpx_core.checks import validate
-    from rpx_core.console import RunConsole, choose_mode
+    from rpx_core.console import RunConsole, choose_mode, print_tables
 
     plugins = load_plugins(args)
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip()) if args.stages is not None else None
@@ -108,9 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                           observer=console, execution=overrides, resume=args.resume)
     console.finished(output, result.ok)
     if console.mode in ("live", "plain"):
-        from rpx_core import render, views
-
-        render.terminal(views.tables(result, views.RUN_END), [], sys.stdout, width=None if sys.stdout.isatty() else 200)
+        print_tables(result)
     if console.mode != "jsonl":
         print(f"results: {output}")
     return EXIT_OK if result.ok else EXIT_STAGE_FAILED
@@ -137,9 +129,12 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     infos, problems = plugins.infos(), plugins.problems()
     stages = plugins.stages().candidates
     order = {stage: plugins.hook_order(f"rpx_{stage}") for stage in sorted(stages)}
+    sources = [{"scheme": scheme, "plugin": plugin, "description": source.description,
+                "installed": not source.missing()}
+               for scheme, options in sorted(plugins.model_sources().candidates.items()) for source, plugin in options]
     if args.json:
         print(json.dumps({"plugins": [converter.unstructure(info) for info in infos], "problems": problems,
-                          "stage_hook_order": order}, indent=2))
+                          "stage_hook_order": order, "model_sources": sources}, indent=2))
         return EXIT_OK
     for info in infos:
         origin = "built-in" if info.builtin else f"{info.distribution} {info.version}"
@@ -149,6 +144,10 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     print("\nstage hooks, plugins in the order they are asked (the first non-None answer wins):")
     for stage, plugin_names in order.items():
         print(f"  {stage:<18} {' -> '.join(plugin_names) or '(no implementation)'}")
+    print("\nmodel sources (source = \"<scheme>:<name>\"):")
+    for row in sources:
+        missing = "" if row["installed"] else "  [library not installed]"
+        print(f"  {row['scheme'] + ':':<13} {row['plugin']:<16} {row['description']}{missing}")
     for problem in problems:
         print(f"problem: {problem}")
     return EXIT_OK
@@ -172,36 +171,6 @@ def cmd_backends(args: argparse.Namespace) -> int:
         mark = "available" if row["available"] else "unavailable"
         print(f"{row['name']:<8} {mark:<12} {','.join(row['precisions']):<22} {row['reason']}")
     return EXIT_OK
-
-
-def cmd_gpus(args: argparse.Namespace) -> int:
-    from rpx_core.gpus import describe_gpu, gpu_rows
-
-    catalog = load_plugins(args).gpu_catalog([Path(p) for p in args.pack])
-    if args.name:
-        gpu = catalog.get(args.name)
-        print(json.dumps(describe_gpu(gpu, catalog), indent=2) if args.json else "\n".join(describe_lines(describe_gpu(gpu, catalog))))
-        return EXIT_OK
-    rows = gpu_rows(catalog)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return EXIT_OK
-    for row in rows:
-        print(f"{row['name']:<24} {row['pack']:<14} {row['bandwidth_gb_s']:>8.1f} GB/s  {row['precisions']}")
-    for conflict in catalog.conflicts():
-        print(f"clash: {conflict}")
-    return EXIT_OK
-
-
-def describe_lines(data: dict[str, Any], indent: str = "") -> list[str]:
-    lines = []
-    for key, value in data.items():
-        if isinstance(value, dict):
-            lines.append(f"{indent}{key}:")
-            lines.extend(describe_lines(value, indent + "  "))
-        else:
-            lines.append(f"{indent}{key}: {value}")
-    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -143,6 +143,13 @@ class RunConsole:
         print(json.dumps(data), file=self.out, flush=True)
 
 
+def print_tables(run: Any) -> None:
+    """The tables a run ends with (``rpx show`` prints them all), on stdout: coloured on a terminal, plain when piped."""
+    from rpx_core import render, views
+
+    render.terminal(views.tables(run, views.RUN_END), [], sys.stdout, width=None if sys.stdout.isatty() else 200)
+
+
 def eta(started: float, event: Progress) -> float | None:
     """Seconds left at the phase's rate so far; None when the end is unknown or nothing is done yet."""
     if event.total is None or event.done <= 0:

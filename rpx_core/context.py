@@ -9,12 +9,11 @@ import contextlib
 import copy
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import attrs
 
 from rpx_core.errors import UnsupportedError
-from rpx_core.loading import load_callable
 from rpx_core.precision import Precision, get_precision
 from rpx_core.progress import ProgressReporter
 from rpx_core.spec import ModelSpec
@@ -72,6 +71,7 @@ class StageContext:
             yield
         finally:
             self.setup[phase] = self.setup.get(phase, 0.0) + time.perf_counter() - started
+    choose: Any = None  # the spec's [choose] table (rpx_core.spec.Choices), for a model source two plugins register
 
     @property
     def precision(self) -> Precision:
@@ -89,9 +89,17 @@ class StageContext:
             with self.setup_phase("build"):
                 return self.adapt(copy.deepcopy(self.model_object))
         with self.setup_phase("import"):
-            factory = load_callable(self.job.model.source, what=f"model {self.job.model.name!r}")
+            build = self.model_factory()
         with self.setup_phase("build"):
-            return self.adapt(factory(**self.job.model.kwargs))
+            return self.adapt(build())
+
+    def model_factory(self) -> Callable[[], Any]:
+        """A no-argument function building the job's model: through its model source for a named model
+        (``hf:...``), else the import path called with the model's kwargs (rpx_core.sources)."""
+        from rpx_core.sources import factory
+
+        registry = self.plugins.model_sources(self.choose) if self.plugins is not None else None
+        return factory(self.job.model, registry)
 
     def adapt(self, model: Any) -> Any:
         """The model as this backend runs it, through the registered model adapters (rpx_core.adapters); a context

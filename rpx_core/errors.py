@@ -38,6 +38,11 @@ class StageFailed(RpxError):
         self.result = result
 
 
+class NotApplicable(UnsupportedError):
+    """A stage does not apply to this model (counting a model rpx cannot look inside, such as a client of a served
+    model): recorded as ``not_applicable`` with the reason, neither a failure nor a zero."""
+
+
 def did_you_mean(name: str, valid: Iterable[str]) -> str:
     """``"; did you mean 'x'?"`` for the closest valid name, or an empty string when nothing is close."""
     close = difflib.get_close_matches(name, list(valid), n=1)

@@ -40,6 +40,10 @@ class UnknownGPUError(RpxError):
     """No GPU in the catalogue has this name or alias; the message lists the closest names first."""
 
 
+class AmbiguousGPUError(UnknownGPUError):
+    """A name that is no GPU's name or alias begins several of them; the message lists the GPUs it could mean."""
+
+
 class MissingPeakError(UnsupportedError):
     """The GPU's pack has no peak for this precision; rpx never substitutes another precision's peak."""
 
@@ -294,16 +298,30 @@ class GPUCatalog:
         return list(dict.fromkeys(self._conflicts.values()))
 
     def get(self, name: str) -> GPUSpec:
-        """The GPU named ``name`` (canonical name or alias, any case); UnknownGPUError lists close matches first."""
+        """The GPU ``name`` means (see :meth:`matching`); AmbiguousGPUError lists the GPUs a prefix could mean,
+        UnknownGPUError lists close matches first."""
         key = _normalise(name)
         if key in self._conflicts:
             raise GPUConflictError(self._conflicts[key])
-        spec = self._index.get(key)
-        if spec is None:
+        found = self.matching(name)
+        if len(found) > 1:
+            raise AmbiguousGPUError(f"GPU {name!r} could mean {', '.join(spec.name for spec in found)}; name one")
+        if not found:
             known = self._suggestions(name)
             choices = f"Choose one of: {', '.join(known)}" if known else "No GPU pack is loaded."
             raise UnknownGPUError(f"GPU {name!r} not recognized. {choices}")
-        return spec
+        return found[0]
+
+    def matching(self, name: str) -> list[GPUSpec]:
+        """The GPUs ``name`` can mean, case and punctuation aside: the one it names (name or alias), else every GPU
+        one of whose names or aliases begins with it (``"h100"``: H100-SXM and H100-PCIe), in catalogue order."""
+        key = _normalise(name)
+        if key in self._index:
+            return [self._index[key]]
+        if not key:
+            return []
+        names = {spec.name for index_key, spec in self._index.items() if index_key.startswith(key)}
+        return [spec for spec in self._specs if spec.name in names]
 
     def find_by_device_name(self, device_name: str) -> GPUSpec | None:
         """The GPU a runtime-reported name (torch.cuda.get_device_name()) belongs to, or None if no pack lists it."""
@@ -319,8 +337,14 @@ class GPUCatalog:
         return close + sorted(spec.name for spec in self._specs if spec.name not in close)
 
 
+def peak_data(peak: Peak) -> dict[str, Any]:
+    """One precision's figure as data: the dense ``tflops`` (int8: TOPS), whether it is ``derived`` (an estimate,
+    ``note`` says how it was obtained), the ``note`` and the 2:4-sparse headline, each None when the pack has none."""
+    return {"tflops": peak.tflops, "derived": peak.estimate, "note": peak.note, "sparse_tflops": peak.sparse_tflops}
+
+
 def gpu_rows(catalog: GPUCatalog) -> list[dict[str, Any]]:
-    """One row per GPU for ``rpx gpus``; ``precisions`` lists dense peaks ("fp16=989.4"), "~" after an estimate."""
+    """One row per GPU for ``rpx gpus``: memory, bandwidth and, per precision, :func:`peak_data`."""
     return [
         {
             "name": spec.name,
@@ -328,9 +352,7 @@ def gpu_rows(catalog: GPUCatalog) -> list[dict[str, Any]]:
             "segment": spec.segment,
             "memory_gb": spec.memory_gb,
             "bandwidth_gb_s": spec.bandwidth_gb_s,
-            "precisions": " ".join(
-                f"{precision}={peak.tflops:g}{'~' if peak.estimate else ''}" for precision, peak in spec.peaks.items()
-            ),
+            "precisions": {precision: peak_data(peak) for precision, peak in spec.peaks.items()},
             "pack": spec.pack or "",
         }
         for spec in catalog.usable()
@@ -338,9 +360,12 @@ def gpu_rows(catalog: GPUCatalog) -> list[dict[str, Any]]:
 
 
 def describe_gpu(gpu: GPUSpec, catalog: GPUCatalog) -> dict[str, Any]:
-    """Everything the catalogue knows about one GPU, as plain data for ``rpx gpus NAME`` (absent fields left out)."""
+    """Everything the catalogue knows about one GPU, as plain data for ``rpx gpus NAME`` (absent fields left out;
+    each precision as :func:`peak_data`)."""
     pack = catalog.pack_of(gpu)
     data = attrs.asdict(gpu, filter=lambda _, value: value is not None)
+    data["aliases"] = list(gpu.aliases)
+    data["peaks"] = {precision: peak_data(peak) for precision, peak in gpu.peaks.items()}
     return {**data, "pack_version": pack.version, "pack_source": pack.source}
 
 

@@ -38,6 +38,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 if TYPE_CHECKING:
     from rpx_core.backends import Backend
     from rpx_core.op_formula import OpFormula
+    from rpx_core.sources import ModelSource
     from rpx_core.stages import Stage
 
 
@@ -120,4 +121,19 @@ def rpx_register_model_adapters() -> list[Any]:
     none is inferred from them. Called on every plugin; results are collected; names must be unique.
 
     Example: ``return [ModelAdapter("haiku", "jax", "haiku Transformed + params", is_haiku, to_jax_model)]``.
+    """
+
+
+# -- model sources (models by name) ------------------------------------------------------------------------------------
+
+
+@hookspec
+def rpx_register_model_sources() -> list[ModelSource]:
+    """Return model sources (:class:`rpx_core.plugin.ModelSource`): each makes models named ``<scheme>:<target>``
+    buildable from a spec (``source = "hf:gpt2"``) and from ``rpx profile``. Called on every plugin, also when plugins
+    load: import nothing heavy in it (``build`` imports its library in the worker; ``requires`` names it so that
+    ``rpx validate`` can say it is missing without importing it). A scheme two plugins register is an error where a
+    spec uses it, settled by ``[choose.sources]``.
+
+    Example: ``return [ModelSource("mylib", "MyLib architectures", build=build, inputs=inputs, requires=("mylib",))]``.
     """

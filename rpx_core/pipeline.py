@@ -218,6 +218,7 @@ def _model_result(job: Job, records: dict[str, StageRecord], finished: bool = Fa
         started=now(),
         finished=now() if finished else None,
         stages=dict(records),
+        notes=job.model.notes,
     )
 
 

@@ -16,6 +16,7 @@ from rpx_core.convert import structure
 from rpx_core.errors import PluginError, RpxError, SpecError, did_you_mean
 from rpx_core.gpus import GPUCatalog
 from rpx_core.plugins import Plugins, Registry, choose_one_of
+from rpx_core.sources import ModelSource, resolve_inputs, resolve_target
 from rpx_core.spec import ModelSpec, Spec
 from rpx_core.stages import Stage, resolve_order
 
@@ -65,7 +66,8 @@ def plan_with_problems(spec: Spec, plugins: Plugins, *, where: str = "<spec>",
     except RpxError as exc:
         problems.append(f"{key}: {exc}")
         order = []
-    problems += choice_problems(spec, registry, backends)
+    sources = plugins.model_sources(spec.choose)
+    problems += choice_problems(spec, registry, backends, sources)
     backend = None
     if spec.backend in backends:
         try:
@@ -86,6 +88,13 @@ def plan_with_problems(spec: Spec, plugins: Plugins, *, where: str = "<spec>",
     if backend is not None:
         problems += precision_problems(spec, backend, registry, checkable, options)
     problems += gpu_problems(spec, catalog)
+    models = []
+    for index, model in enumerate(spec.models):
+        try:
+            models.append(resolve_inputs(resolve_target(resolve_paths(model, spec.base_dir), spec.base_dir, sources), sources))
+        except RpxError as exc:  # a clashing scheme, or a shape its source cannot read
+            problems.append(f"models[{index}].input_shape: {exc}")
+            models.append(model)
     problems = [problem if problem.startswith(f"{where}: ") else f"{where}: {problem}" for problem in problems]
     if backend is None or not order:
         return None, problems
@@ -93,7 +102,7 @@ def plan_with_problems(spec: Spec, plugins: Plugins, *, where: str = "<spec>",
     model_stages = tuple(name for name in order if registry[name].scope == "model")
     jobs = tuple(
         Job(
-            model=resolve_paths(model, spec.base_dir),
+            model=model,
             backend=spec.backend,
             device=device,
             precision=spec.precision,
@@ -102,16 +111,18 @@ def plan_with_problems(spec: Spec, plugins: Plugins, *, where: str = "<spec>",
             gpus=spec.gpus,
             batch_sizes=spec.batch_sizes,
         )
-        for model in spec.models
+        for model in models
     )
     run_stages = tuple(name for name in order if registry[name].scope == "run")
     return Plan(spec, tuple(order), run_stages, jobs, options, catalog, where), problems
 
 
-def choice_problems(spec: Spec, stages: Registry[Stage], backends: Registry[Backend]) -> list[str]:
+def choice_problems(spec: Spec, stages: Registry[Stage], backends: Registry[Backend],
+                    sources: Registry[ModelSource]) -> list[str]:
     """Every ``[choose]`` entry must name a registered name and a plugin that registers it."""
     problems = []
-    for kind, registry, chosen in (("backends", backends, spec.choose.backends), ("stages", stages, spec.choose.stages)):
+    for kind, registry, chosen in (("backends", backends, spec.choose.backends), ("stages", stages, spec.choose.stages),
+                                   ("sources", sources, spec.choose.sources)):
         for name in chosen:
             if name not in registry:
                 problems.append(f"choose.{kind}.{name}: no plugin registers {registry.kind} {name!r}"

@@ -8,7 +8,8 @@ options, and FLOP formulas for operators the counter does not know.
 * Registration objects: :class:`Backend` (with :class:`TorchBackend`, the base of the cpu/cuda/mps backends, for a new
   torch accelerator, and :class:`CpuBackend` for variants of the host backend), :class:`Stage` declarations,
   :class:`ModelAdapter` (what ``rpx_register_model_adapters`` returns) and :class:`JaxModel` (what a JAX adapter
-  converts to, with the parameter roles ``TRAINABLE``, ``NON_TRAINABLE``, ``BUFFER``; importing it imports no jax).
+  converts to, with the parameter roles ``TRAINABLE``, ``NON_TRAINABLE``, ``BUFFER``; importing it imports no jax),
+  :class:`ModelSource` (models by name: ``source = "myzoo:name"``).
 * What hooks receive: :class:`StageContext`, :class:`RunContext`, :class:`Job`, :class:`ModelSpec`, :class:`InputSpec`.
 * Result and option types of the built-in stages, and the helpers results are built with (:mod:`rpx_core.stats`
   percentiles as :data:`stats`, :class:`MemoryPeak`, :class:`Timer`).
@@ -17,7 +18,8 @@ options, and FLOP formulas for operators the counter does not know.
 * Operator formulas: :class:`OpFormula` (what ``rpx_register_op_formulas`` returns) and :mod:`rpx_core.cost_table`
   as :data:`cost_table` (the per-element FLOP costs behind every ``other_flops``).
 * Errors: :class:`RpxError` (the user can fix it: one line, exit 2), :class:`UnsupportedError` (a figure cannot be
-  produced: said out loud, never a zero).
+  produced: said out loud, never a zero), :class:`NotApplicable` (a stage does not apply to this model: recorded as
+  not applicable with the reason).
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from rpx_core import cost_table, stats
 from rpx_core.adapters import ModelAdapter
 from rpx_core.backends import Availability, Backend, MemoryPeak, Timer
 from rpx_core.context import Job, RunContext, StageContext
-from rpx_core.errors import RpxError, UnsupportedError
+from rpx_core.errors import NotApplicable, RpxError, UnsupportedError
 from rpx_core.gpus import GPUCatalog, GPUSpec, Peak
 from rpx_core.hookspecs import hookimpl
 from rpx_core.op_formula import OpFormula
 from rpx_core.precision import PRECISIONS, Precision, get_precision
+from rpx_core.sources import ModelSource
 from rpx_core.spec import InputSpec, ModelSpec
 from rpx_core.stages import Stage
 from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult
@@ -53,7 +56,7 @@ from rpx_plugins.torch.cpu import CpuBackend
 __all__ = [
     "hookimpl",
     # registration objects
-    "Backend", "TorchBackend", "CpuBackend", "Availability", "Stage", "ModelAdapter",
+    "Backend", "TorchBackend", "CpuBackend", "Availability", "Stage", "ModelAdapter", "ModelSource",
     "JaxModel", "TRAINABLE", "NON_TRAINABLE", "BUFFER",
     # what hooks receive
     "StageContext", "RunContext", "Job", "ModelSpec", "InputSpec",
@@ -68,5 +71,5 @@ __all__ = [
     # operator formulas
     "OpFormula", "cost_table",
     # errors
-    "RpxError", "UnsupportedError",
+    "RpxError", "UnsupportedError", "NotApplicable",
 ]

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from rpx_core.backends import Backend
     from rpx_core.gpus import GPUCatalog
     from rpx_core.op_formula import OpFormula
+    from rpx_core.sources import ModelSource
     from rpx_core.spec import Choices
     from rpx_core.stages import Stage
 
@@ -65,6 +66,7 @@ BUILTIN = {
     "system-card": "rpx_plugins.system_card",
     "latency": "rpx_plugins.latency",
     "batch-search": "rpx_plugins.batch_search.stage",
+    "model-sources": "rpx_plugins.sources",
 }
 
 T = TypeVar("T")
@@ -317,7 +319,7 @@ class Plugins:
     def problems(self) -> list[str]:
         """Everything wrong with the plugin set, one line each: invalid or failed plugins and unsettled name clashes."""
         lines = [f"{info.name}: {info.status}: {info.error}" for info in self._infos if info.status in ("invalid", "failed")]
-        for registry in (self.backends(), self.stages()):
+        for registry in (self.backends(), self.stages(), self.model_sources()):
             for name, providers in registry.clashes().items():
                 lines.append(f"{registry.kind} {name!r} is registered by {', '.join(map(repr, providers))}; "
                              f"choose one with [choose.{registry.kind}s]")
@@ -354,6 +356,11 @@ class Plugins:
         """Every registered model adapter, in plugin call order (a name two plugins register is an error)."""
         registry = self._collect("rpx_register_model_adapters", lambda a: a.name, "model adapter", {})
         return [registry[name] for name in registry.candidates]
+
+    def model_sources(self, choose: Choices | None = None) -> Registry[ModelSource]:
+        """Every model source by scheme (``hf``, ``torchvision``, ...); a scheme two plugins register is an error
+        where it is used, unless ``[choose.sources]`` picks one."""
+        return self._collect("rpx_register_model_sources", lambda s: s.scheme, "source", choose.sources if choose else {})
 
     def stages(self, choose: Choices | None = None) -> Registry[Stage]:
         return self._collect("rpx_register_stages", lambda s: s.name, "stage", choose.stages if choose else {})

@@ -21,8 +21,11 @@ from rpx_core.safe_write import atomic_write
 SCHEMA_VERSION = 1
 
 #: "interrupted": stopped by SIGINT/SIGTERM (``result`` holds what it finished, if the stage handed it back);
-#: ``rpx run --resume`` runs it again.
-Status = Literal["ok", "failed", "skipped", "interrupted"]
+#: ``rpx run --resume`` runs it again. "not_applicable": the stage does not apply to this model (``error`` says why,
+#: e.g. a callable rpx cannot look inside is not counted); not a failure, and never shown as a zero.
+Status = Literal["ok", "failed", "skipped", "interrupted", "not_applicable"]
+#: Statuses a successful run may hold.
+SUCCEEDED = ("ok", "not_applicable")
 
 
 @attrs.frozen
@@ -62,10 +65,11 @@ class ModelResult:
     #: Seconds of setup by phase ("import", "build", "place"), summed over the stages during which it happened;
     #: no stage's ``seconds`` includes them.
     setup: dict[str, float] = attrs.Factory(dict)
+    notes: str | None = None  # the spec's free-text notes on this model
 
     @property
     def ok(self) -> bool:
-        return all(record.status == "ok" for record in self.stages.values())
+        return all(record.status in SUCCEEDED for record in self.stages.values())
 
     def result(self, stage: str) -> Any:
         """The result of ``stage``, raising a clear error if it did not succeed."""
@@ -116,7 +120,7 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return all(model.ok for model in self.models) and all(r.status == "ok" for r in self.run_stages.values())
+        return all(model.ok for model in self.models) and all(r.status in SUCCEEDED for r in self.run_stages.values())
 
     def model(self, name: str) -> ModelResult:
         for model in self.models:

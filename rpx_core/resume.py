@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 
 from rpx_core.errors import RpxError
-from rpx_core.results import ModelResult, RunResult, StageRecord, load
+from rpx_core.results import SUCCEEDED, ModelResult, RunResult, StageRecord, load
 
 FINAL = ("ok", "failed", "skipped")
 
@@ -42,11 +42,11 @@ class Resumed:
         return model if model is not None and model.finished is not None else None
 
     def kept_stages(self, name: str) -> dict[str, StageRecord]:
-        """Successful stage records of an unfinished model's job (the rest run again)."""
+        """Successful (or not applicable) stage records of an unfinished model's job (the rest run again)."""
         model = self.models.get(name)
         if model is None:
             return {}
-        return {stage: record for stage, record in model.stages.items() if record.status == "ok"}
+        return {stage: record for stage, record in model.stages.items() if record.status in SUCCEEDED}
 
     def run_stage(self, name: str) -> StageRecord | None:
         return self.run.run_stages.get(name)

@@ -66,6 +66,14 @@ class ModelSpec:
     input_factory: str | None = None
     #: Build the model only on the meta device: for models too large to materialise. Measured stages then fail clearly.
     meta_only: bool = False
+    #: The input shape as the model's source reads it (``hf:``: batch x sequence of token ids); for an import path,
+    #: one floating tensor of this shape. Instead of ``inputs``.
+    input_shape: tuple[int, ...] | None = None
+    #: Configuration overrides for a named model (``hf:``: attributes of its AutoConfig, e.g. num_hidden_layers).
+    config: dict[str, Any] = attrs.Factory(dict)
+    #: Free text kept with the model's results (what it is, where it is served, caveats).
+    notes: str | None = None
+
     def batch_size(self, override: int | None = None) -> int | None:
         """The batch size inputs are made at: ``override`` when some input has a batch dimension, 1 for an
         input_factory (asked for 1 by default), else the batch dimension of the first input that has one, as
@@ -75,6 +83,8 @@ class ModelSpec:
         for spec_input in self.inputs:
             if spec_input.batch_dim is not None:
                 return override or spec_input.shape[spec_input.batch_dim]
+        if self.input_shape and not self.inputs:  # not yet resolved into inputs (rpx_core.sources.resolve_inputs)
+            return override or self.input_shape[0]
         return None
 
     #: Items this stage emits per input frame (a detector's detections); used by batch_search to compare in frames.
@@ -83,11 +93,12 @@ class ModelSpec:
 
 @attrs.frozen
 class Choices:
-    """Resolve name clashes between plugins: which provider's backend, GPU or stage to use."""
+    """Resolve name clashes between plugins: which provider's backend, GPU, stage or model source to use."""
 
     backends: dict[str, str] = attrs.Factory(dict)  # backend name -> plugin name
     gpus: dict[str, str] = attrs.Factory(dict)  # GPU name -> pack name
     stages: dict[str, str] = attrs.Factory(dict)  # stage name -> plugin name
+    sources: dict[str, str] = attrs.Factory(dict)  # model source scheme -> plugin name
 
 
 @attrs.frozen
@@ -243,11 +254,16 @@ def _check_semantics(spec: Spec, where: str) -> list[str]:
         if names.count(model.name) > 1:
             problems.append(f"models[{index}].name: {model.name!r} is used by more than one model")
         if ":" not in model.source:
-            problems.append(f"models[{index}].source: expected 'package.module:callable' or 'file.py:callable'")
-        if not model.inputs and not model.input_factory:
-            problems.append(f"models[{index}]: give inputs (shapes and dtypes) or an input_factory")
-        if model.inputs and model.input_factory:
-            problems.append(f"models[{index}]: give inputs or an input_factory, not both (the factory makes every input)")
+            problems.append(f"models[{index}].source: expected 'package.module:callable', 'file.py:callable' or a "
+                            "named model such as 'hf:gpt2'")
+        given = [key for key in ("inputs", "input_shape", "input_factory") if getattr(model, key)]
+        if not given:
+            problems.append(f"models[{index}]: give inputs (shapes and dtypes), an input_shape or an input_factory")
+        elif len(given) > 1:
+            made = " (the factory makes every input)" if "input_factory" in given else ""
+            problems.append(f"models[{index}]: give {' or '.join(given)}, not both{made}")
+        if model.input_shape is not None and (not model.input_shape or any(dim < 1 for dim in model.input_shape)):
+            problems.append(f"models[{index}].input_shape: every dimension must be >= 1, got {list(model.input_shape)}")
         input_names = [spec_input.name for spec_input in model.inputs if spec_input.name is not None]
         for position, spec_input in enumerate(model.inputs):
             if spec_input.batch_dim is not None and spec_input.batch_dim >= len(spec_input.shape):

@@ -54,7 +54,7 @@ def render_run(run: Any) -> str:
     for model in run.models:
         for stage, record in model.stages.items():
             if record.status != "ok":
-                lines.append(f"{model.name}: {stage} {record.status}: {(record.error or '').splitlines()[0] if record.error else ''}")
+                lines.append(f"{model.name}: {stage} {record.status.replace('_', ' ')}: {(record.error or '').splitlines()[0] if record.error else ''}")
     for stage, record in run.run_stages.items():
         lines.append(f"{stage}: {record.status}" + (f": {record.error.splitlines()[0]}" if record.error else ""))
         if stage == "batch_search" and record.status == "ok":

@@ -27,7 +27,7 @@ from typing import Any, ContextManager, Literal
 import attrs
 
 from rpx_core.context import Job, RunContext, StageContext
-from rpx_core.errors import UnsupportedError
+from rpx_core.errors import NotApplicable, UnsupportedError
 from rpx_core.interrupts import Interrupted, signal_of
 from rpx_core.plugins import Plugins, StageHookError
 from rpx_core.progress import Progress, ProgressReporter
@@ -95,7 +95,8 @@ def execute(task: Task, plugins: Any, report: Report, *, model_objects: dict[str
     backend = plugins.backend(task.jobs[0].backend, task.choose, require_available=False)
     registry = plugins.stages(task.choose)
     contexts = [
-        StageContext(job, backend, plugins, task.gpu_catalog, model_object=(model_objects or {}).get(job.model.name))
+        StageContext(job, backend, plugins, task.gpu_catalog, model_object=(model_objects or {}).get(job.model.name),
+                     choose=task.choose)
         for job in task.jobs
     ]
     records = dict(task.kept[0]) if task.scope == "model" else {}
@@ -120,7 +121,8 @@ def execute(task: Task, plugins: Any, report: Report, *, model_objects: dict[str
             started = time.perf_counter()
             try:
                 with guard(name) if guard else _no_guard():
-                    record = run_stage(stage, ctx, plugins, failed)
+                    record = run_stage(stage, ctx, plugins, failed,
+                                       inapplicable=[need for need in failed if records[need].status == "not_applicable"])
             except SystemExit as exc:
                 record = StageRecord("failed", seconds=_since(started), error=_exit_message(exc, name),
                                      traceback="".join(traceback.format_exception(exc)))
@@ -159,11 +161,16 @@ def _setup_seconds(ctx: Any) -> float:
     return sum(sum(context.setup.values()) for context in contexts if isinstance(context, StageContext))
 
 
-def run_stage(stage: Stage, ctx: Any, plugins: Plugins, failed_needs: list[str]) -> StageRecord:
+def run_stage(stage: Stage, ctx: Any, plugins: Plugins, failed_needs: list[str],
+              inapplicable: list[str] | tuple[str, ...] = ()) -> StageRecord:
     """Run one stage through its hook unless something it needs failed; never raise for a stage's own failure.
 
     The record names the plugin that answered, or the one that was answering when the stage failed. Its seconds
-    exclude setup (importing, building and placing the model) done during it; the caller records that apart."""
+    exclude setup (importing, building and placing the model) done during it; the caller records that apart. A
+    stage that raises NotApplicable, or whose unmet needs all do not apply to the model, is ``not_applicable``."""
+    if failed_needs and len(inapplicable) == len(failed_needs):
+        verb = "does" if len(failed_needs) == 1 else "do"
+        return StageRecord("not_applicable", error=f"needs {', '.join(failed_needs)}, which {verb} not apply to this model")
     if failed_needs:
         return StageRecord("skipped", error=f"needs {', '.join(failed_needs)}, which did not succeed")
     started = time.perf_counter() - _setup_seconds(ctx)  # only setup timed from here on is subtracted below
@@ -178,6 +185,10 @@ def run_stage(stage: Stage, ctx: Any, plugins: Plugins, failed_needs: list[str])
             raise UnsupportedError(f"no installed plugin implements stage {stage.name!r} for backend "
                                    f"{ctx.backend.name!r} (framework {ctx.backend.framework!r})")
         check_result(stage.name, stage.result, result)
+    except NotApplicable as exc:
+        return StageRecord("not_applicable", seconds=round(time.perf_counter() - started - _setup_seconds(ctx), 6),
+                           error=str(exc),
+                           provided_by=provider)
     except Exception as exc:
         return StageRecord(
             "failed",

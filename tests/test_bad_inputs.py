@@ -203,12 +203,13 @@ CASES = {
     'source_no_colon': (
         '\n[[models]]\nname = "lin"\nsource = "torch.nn.Linear"\nkwargs = { in_features = 4, out_features = 2 }\ninputs = [{ shape = [1, 4] }]\n',
         [],
-        "rpx: error: source_no_colon.toml: models[0].source: expected 'package.module:callable' or 'file.py:callable'",
+        "rpx: error: source_no_colon.toml: models[0].source: expected 'package.module:callable', 'file.py:callable' or a "
+        "named model such as 'hf:gpt2'",
     ),
     'no_inputs': (
         '[[models]]\nname = "m"\nsource = "torch.nn:Linear"\n',
         [],
-        'rpx: error: no_inputs.toml: models[0]: give inputs (shapes and dtypes) or an input_factory',
+        'rpx: error: no_inputs.toml: models[0]: give inputs (shapes and dtypes), an input_shape or an input_factory',
     ),
     'batch_dim_range': (
         '\n[[models]]\nname = "lin"\nsource = "torch.nn:Linear"\nkwargs = { in_features = 4, out_features = 2 }\ninputs = [{ shape = [1, 4], batch_dim = 2 }]\n',

@@ -10,6 +10,7 @@ import pytest
 
 from rpx_core.errors import RpxError
 from rpx_core.gpus import (
+    AmbiguousGPUError,
     GPUCatalog,
     GPUConflictError,
     GPUPack,
@@ -145,13 +146,25 @@ def test_get_ignores_case_and_punctuation(catalog: GPUCatalog) -> None:
 
 def test_an_unknown_name_lists_close_matches_first(catalog: GPUCatalog) -> None:
     with pytest.raises(UnknownGPUError) as excinfo:
-        catalog.get("H100")
+        catalog.get("H1000")
     message = str(excinfo.value)
-    assert message.startswith("GPU 'H100' not recognized. Choose one of: ")
+    assert message.startswith("GPU 'H1000' not recognized. Choose one of: ")
     names = message.split("Choose one of: ")[1].split(", ")
     assert names[0].startswith("H100")
     assert sorted(names) == sorted(spec.name for spec in catalog.all())
     assert isinstance(excinfo.value, RpxError)
+
+
+def test_a_prefix_means_every_gpu_it_begins_and_one_gpu_only_when_unique(catalog: GPUCatalog) -> None:
+    assert [spec.name for spec in catalog.matching("h100")] == ["H100-SXM", "H100-PCIe"]
+    assert [spec.name for spec in catalog.matching("A100-sxm")] == ["A100-SXM-80GB", "A100-SXM-40GB"]
+    assert catalog.get("h200").name == "H200-SXM"  # a unique prefix
+    assert catalog.get("GeForce RTX 40").name == "RTX-4090"  # of an alias
+    assert [spec.name for spec in catalog.matching("L4")] == ["L4"]  # an exact name wins over L40S it begins
+    with pytest.raises(AmbiguousGPUError, match=r"^GPU 'H100' could mean H100-SXM, H100-PCIe; name one$"):
+        catalog.get("H100")
+    assert catalog.matching("") == [] and catalog.matching("zz") == []
+    assert catalog.find_by_device_name("NVIDIA H100") is None  # a runtime's name is never matched by prefix
 
 
 def test_an_empty_catalogue_says_no_pack_is_loaded() -> None:
@@ -163,17 +176,24 @@ def test_all_returns_every_gpu_in_file_order(catalog: GPUCatalog, reference: GPU
     assert [spec.name for spec in catalog.all()] == [spec.name for spec in reference.gpus]
 
 
-def test_rows_list_dense_peaks_and_mark_estimates(catalog: GPUCatalog) -> None:
+def test_rows_give_each_precision_as_data_with_whether_it_is_derived(catalog: GPUCatalog) -> None:
     rows = {row["name"]: row for row in gpu_rows(catalog)}
-    assert rows["H100-SXM"]["precisions"] == "fp32=67 tf32=494.7 fp16=989.4 bf16=989.4 fp8=1978.9 int8=1978.9"
-    assert rows["Jetson-AGX-Orin-64GB"]["precisions"] == "fp32=5.3 fp16=42.5~ int8=85"
+    h100 = rows["H100-SXM"]["precisions"]
+    assert {name: peak["tflops"] for name, peak in h100.items()} == {
+        "fp32": 67, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9, "int8": 1978.9}
+    assert h100["fp16"] == {"tflops": 989.4, "derived": False, "note": None, "sparse_tflops": 1978.9}
+    orin = rows["Jetson-AGX-Orin-64GB"]["precisions"]
+    assert [(name, peak["derived"]) for name, peak in orin.items()] == [("fp32", False), ("fp16", True), ("int8", False)]
+    assert orin["fp16"]["note"]  # a derived figure says how it was obtained
     assert rows["TPU-v5e"]["pack"] == f"reference ({PROVIDER})"
 
 
 def test_describe_gives_every_stated_field_and_the_pack(catalog: GPUCatalog, reference: GPUPack) -> None:
     data = describe_gpu(catalog.get("T4"), catalog)
-    assert data["peaks"]["fp16"] == {"tflops": 65, "estimate": False, "note": data["peaks"]["fp16"]["note"]}
-    assert "sparse_tflops" not in data["peaks"]["fp16"]  # Turing has no 2:4 sparsity: absent, not zero
+    fp16 = data["peaks"]["fp16"]
+    assert fp16 == {"tflops": 65, "derived": False, "note": fp16["note"], "sparse_tflops": None}
+    assert fp16["sparse_tflops"] is None  # Turing has no 2:4 sparsity: none, not zero
+    assert data["aliases"] == ["Tesla T4", "NVIDIA T4"]
     assert (data["pack_version"], data["pack_source"]) == (reference.version, reference.source)
     assert catalog.pack_of(catalog.get("T4")) is reference
 

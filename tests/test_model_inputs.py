@@ -157,5 +157,5 @@ def test_names_that_cannot_be_keyword_arguments_and_inputs_beside_a_factory_are_
         f"{where}: models[0].inputs[1].name: 'x' names more than one input",
         f"{where}: models[0].inputs[2].name: 'x' names more than one input",
         f"{where}: models[0].inputs[3].name: 'class' is not a keyword argument name (a Python identifier)",
-        f"{where}: models[1]: give inputs or an input_factory, not both (the factory makes every input)",
+        f"{where}: models[1]: give inputs or input_factory, not both (the factory makes every input)",
     ]

@@ -309,3 +309,52 @@ def test_third_party_trylast_implementations_come_after_the_builtins(tmp_path, m
     run = run_spec(spec_from_dict({"models": [model], "stages": ["count_params"]}), plugins=plugins, output=None)
     assert run.model("lin").stages["count_params"].provided_by == "torch-counts"  # the built-in answers for cpu
     assert run.model("lin").result("count_params").total == 136
+
+
+RIVAL_ENERGY = """
+from rpx_core.plugin import Stage, hookimpl
+
+
+@hookimpl
+def rpx_register_stages():
+    return [Stage("energy", "a rival declaration of the walk-through's stage", needs=("count_params",))]
+"""
+
+
+def test_choose_stages_settles_two_declarations_of_one_stage(acme, tmp_path, monkeypatch):
+    from rpx_core.api import run_spec
+    from rpx_core.errors import SpecError
+    from rpx_core.spec import spec_from_dict
+    from tests.conftest import make_plugin_package
+
+    rival = make_plugin_package(tmp_path / "src", "rpx-rival-energy", "rpx_rival_energy", "rival", RIVAL_ENERGY)
+    monkeypatch.syspath_prepend(str(pip_install_target(rival, tmp_path / "site")))
+    monkeypatch.syspath_prepend(str(acme[1]))
+    plugins = Plugins.load()
+    model = {"name": "lin", "source": "torch.nn:Linear", "kwargs": {"in_features": 16, "out_features": 8},
+             "inputs": [{"shape": [1, 16]}]}
+    spec = {"models": [model], "stages": ["energy"]}
+    with pytest.raises(SpecError, match=r"stage 'energy' is registered by plugin '(acme|rival)' .* \[choose\.stages\]"):
+        run_spec(spec_from_dict(spec), plugins=plugins, output=None)
+    chosen = run_spec(spec_from_dict({**spec, "choose": {"stages": {"energy": "acme"}}}), plugins=plugins, output=None)
+    lin = chosen.model("lin")
+    assert list(lin.stages) == ["count_flops", "estimate_traffic", "energy"]  # acme's declaration: its needs
+    assert type(lin.result("energy")).__name__ == "EnergyEstimate"
+    with pytest.raises(SpecError, match=r"choose\.stages\.energy: 'nobody' does not register stage 'energy'"):
+        run_spec(spec_from_dict({**spec, "choose": {"stages": {"energy": "nobody"}}}), plugins=plugins, output=None)
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a document's headings: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", text, flags=re.DOTALL | re.MULTILINE),
+                          flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+def test_every_link_to_a_section_of_the_guide_or_the_readme_exists():
+    documents = {"docs/plugins.md": GUIDE, "README.md": REPO / "README.md"}
+    anchors = {name: heading_anchors(path.read_text()) for name, path in documents.items()}
+    for name, path in documents.items():
+        for target, anchor in re.findall(r"\]\(([\w./]*)#([\w-]+)\)", path.read_text()):
+            linked = str((path.parent / target).resolve().relative_to(REPO)) if target else name
+            assert anchor in anchors[linked], f"{name}: link to {linked}#{anchor}: no such heading"

@@ -42,7 +42,7 @@ def test_plugin_gpu_pack_is_listed_by_rpx_gpus(example_plugin_site):
     done = rpx_cli("gpus", env=env_with(example_plugin_site))
     assert done.returncode == 0, done.stderr
     a10 = next(line for line in done.stdout.splitlines() if line.startswith("A10 "))
-    assert "example-ampere" in a10 and "600.0" in a10
+    assert "example-ampere" in a10 and "600 GB/s" in a10
 
 
 def test_stage_override_applies_to_its_backend_only_and_new_stage_runs(with_example):

@@ -161,12 +161,3 @@ def test_the_readme_profile_example_runs_as_written_and_prints_what_it_documents
     with contextlib.redirect_stdout(printed):
         exec(compile(snippet, "README.md", "exec"), {})
     assert printed.getvalue().splitlines() == documented
-
-
-def test_a_plain_function_is_counted_as_a_module_without_weights():
-    result = rpx.profile(lambda x: x @ x.T, inputs=[(4, 8)], stages=["count_params", "count_flops", "estimate_traffic"],
-                         precision="fp16", partial=True)
-    flops = result.result("count_flops")
-    assert (flops.macs, flops.counted_on, flops.counted_inputs) == (4 * 8 * 4, "meta", ("float16[4,8]",))
-    assert result.result("estimate_traffic").fused_bytes == (4 * 8 + 4 * 4) * 2  # input and output at fp16
-    assert "is a plain function: tensors it closes over are not parameters" in result.stages["count_params"].error

@@ -16,7 +16,7 @@ def register(command: Any) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from rpx_core import render
-    from rpx_core.commands import load
+    from rpx_core.commands.common import load_results as load
     from rpx_core.compare import compare
     from rpx_core.errors import RpxError
 

@@ -17,7 +17,7 @@ def register(command: Any) -> None:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from rpx_core import charts
-    from rpx_core.commands import load
+    from rpx_core.commands.common import load_results as load
     from rpx_core.errors import RpxError
 
     output = Path(args.output)

@@ -16,7 +16,7 @@ def register(command: Any) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from rpx_core import report
-    from rpx_core.commands import load
+    from rpx_core.commands.common import load_results as load
     from rpx_core.errors import RpxError
     from rpx_core.safe_write import atomic_write
 

@@ -26,7 +26,7 @@ def register(command: Any) -> None:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from rpx_core import render, views
-    from rpx_core.commands import load
+    from rpx_core.commands.common import load_results as load
 
     run = load(args.results)
     if args.format == "table":  # straight to the terminal, in colour when it is one

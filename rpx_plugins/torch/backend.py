@@ -107,12 +107,17 @@ class TorchBackend(Backend):
         return None if floating is None else OBJECT_PRECISIONS.get(str(floating.dtype).removeprefix("torch."))
 
     def place_model(self, model: Any, precision: str, device: str) -> Any:
+        """A torch.nn.Module in eval mode on ``device`` at ``precision``; any other callable (a client of a served
+        model) is called as it is, with inputs made on ``device`` at ``precision``."""
         import torch
 
-        if not isinstance(model, torch.nn.Module):
-            raise UnsupportedError(f"backend {self.name!r} runs torch.nn.Module models, got {type(model).__name__}")
         if precision not in self.precisions:
             raise UnsupportedError(f"backend {self.name!r} cannot execute precision {precision!r}; it supports {', '.join(self.precisions)}")
+        if not isinstance(model, torch.nn.Module):
+            if callable(model):
+                return model
+            raise UnsupportedError(f"backend {self.name!r} runs torch.nn.Module models or callables, got "
+                                   f"{type(model).__name__}")
         return model.eval().to(device=device, dtype=torch_dtype(precision))
 
     def thread_settings(self) -> dict[str, int]:

@@ -14,9 +14,8 @@ from typing import Any, Iterator
 import attrs
 
 from rpx_core.context import StageContext
-from rpx_core.errors import UnsupportedError
+from rpx_core.errors import NotApplicable, UnsupportedError
 from rpx_core.hookspecs import hookimpl
-from rpx_core.loading import load_callable
 from rpx_core.types.counts import CountOptions, FlopsResult, ParamsResult, TrafficResult
 
 #: What building or running a model on meta can fail with (the counter's CountingError is a RuntimeError); any other
@@ -54,21 +53,33 @@ def meta_model(ctx: StageContext) -> Any:
         from rpx_plugins.torch.backend import torch_dtype
         from rpx_plugins.torch.counter import build_on_meta
 
-        factory = load_callable(ctx.job.model.source, what=f"model {ctx.job.model.name!r}")
-        model = build_on_meta(factory, **ctx.job.model.kwargs)
+        with ctx.setup_phase("import"):
+            build = ctx.model_factory()
+        with ctx.setup_phase("build"):
+            model = looked_inside(ctx, build_on_meta(build))
         ctx.cache["meta_model"] = model.eval().to(dtype=torch_dtype(counted_precision(ctx.job.precision)))
     return ctx.cache["meta_model"]
 
 
-def live_copy(ctx: StageContext, meta: bool) -> Any:
-    """A copy of the live model object passed through the Python API (the caller's model is never changed), at the
-    job's precision (or its stand-in): on the meta device when ``meta`` (see meta_copy), else where the object is."""
-    from rpx_plugins.torch.backend import torch_dtype
-    from rpx_plugins.torch.counter import as_module
+def looked_inside(ctx: StageContext, model: Any) -> Any:
+    """``model`` when it is a torch.nn.Module; any other callable (a client of a served model, a compiled artefact)
+    is opaque: its counted stages are not applicable, said with the reason, while its measured stages run."""
+    import torch
 
-    model = as_module(ctx.adapt(ctx.model_object))  # a plain function: a module without weights
-    copied = meta_copy(model) if meta else copy.deepcopy(model)
-    return copied.to(dtype=torch_dtype(counted_precision(ctx.job.precision)))
+    if isinstance(model, torch.nn.Module):
+        return model
+    kind = f"{type(model).__module__}.{type(model).__qualname__}"
+    raise NotApplicable(f"model {ctx.job.model.name!r} is a {kind}, not a torch.nn.Module: rpx cannot look inside "
+                        "it, so it is not counted (measured stages still run)")
+
+
+def live_meta_copy(ctx: StageContext) -> Any:
+    """A meta copy (see meta_copy) of the live model object passed through the Python API, at the job's precision
+    (or its stand-in); the caller's model is never changed."""
+    from rpx_plugins.torch.backend import torch_dtype
+
+    model = looked_inside(ctx, ctx.adapt(ctx.model_object))
+    return meta_copy(model).to(dtype=torch_dtype(counted_precision(ctx.job.precision)))
 
 
 def meta_copy(model: Any) -> Any:
@@ -85,12 +96,6 @@ def meta_copy(model: Any) -> Any:
     return copy.deepcopy(model, memo)
 
 
-def object_device(model: Any, default: str) -> str:
-    """Where a live module's weights are (a copy is counted there when it is not counted on meta)."""
-    first = next(model.parameters(), None)
-    return str(first.device) if first is not None else default
-
-
 def count(ctx: StageContext) -> Any:
     """Count once per job (cached): on meta when possible, else on the device, as ``count_on`` says."""
     if "count_report" not in ctx.cache:
@@ -104,7 +109,7 @@ def count(ctx: StageContext) -> Any:
 
 def counted_where_asked(ctx: StageContext, options: CountOptions) -> tuple[Any, str | None]:
     """The counted pass, and why it ran on the device when meta was asked for (None when it was not). A live object
-    is counted like a factory's model: a copy of it moved to meta, or placed on its device."""
+    is counted like a factory's model: a copy of it moved to meta, or its copy placed on the job's device."""
     stand_in = ctx.job.precision in STAND_INS
     if options.count_on == "device":
         if stand_in:
@@ -112,7 +117,7 @@ def counted_where_asked(ctx: StageContext, options: CountOptions) -> tuple[Any, 
                                    "cannot execute it); set [options.count_flops] count_on = \"meta\" or \"auto\"")
         return count_pass(ctx, *device_model(ctx), options), None
     try:
-        model = live_copy(ctx, meta=True) if ctx.model_object is not None else meta_model(ctx)
+        model = live_meta_copy(ctx) if ctx.model_object is not None else meta_model(ctx)
         return count_pass(ctx, model, "meta", options), None
     except META_FAILURES as error:
         if options.count_on == "meta" or ctx.job.model.meta_only or stand_in:
@@ -123,12 +128,9 @@ def counted_where_asked(ctx: StageContext, options: CountOptions) -> tuple[Any, 
 
 
 def device_model(ctx: StageContext) -> tuple[Any, str]:
-    """The model counted on a real device: a copy of a live object where the object is (its device need not be the
-    job's), else the job's placed model."""
-    if ctx.model_object is not None:
-        model = live_copy(ctx, meta=False)
-        return model, object_device(model, ctx.job.device)
-    return ctx.model(), ctx.job.device
+    """The model counted on the job's device: the placed model the measuring stages share (for a live object, its
+    placed copy)."""
+    return looked_inside(ctx, ctx.model()), ctx.job.device
 
 
 def describe(error: BaseException) -> str:
@@ -171,19 +173,13 @@ def rpx_count_params(ctx: StageContext) -> ParamsResult | None:
     from rpx_plugins.torch.params import count_parameters
 
     if ctx.model_object is not None:
-        import torch
-
-        model = ctx.adapt(ctx.model_object)
-        if not isinstance(model, torch.nn.Module):
-            raise UnsupportedError(f"model {ctx.job.model.name!r} is a plain function: tensors it closes over are not "
-                                   "parameters rpx can see; wrap it in a torch.nn.Module to count them")
-        return count_parameters(model, ctx.job.precision)
+        return count_parameters(looked_inside(ctx, ctx.adapt(ctx.model_object)), ctx.job.precision)
     try:
         model = meta_model(ctx)
     except META_FAILURES:
         if ctx.job.model.meta_only:
             raise
-        model = ctx.build_model()  # the factory cannot build on meta: count a real, unplaced model
+        model = looked_inside(ctx, ctx.build_model())  # the factory cannot build on meta: count a real, unplaced model
     return count_parameters(model, ctx.job.precision)
 
 

@@ -60,22 +60,6 @@ def meta_error(op: str, error: BaseException) -> CountingError:
 Model = TypeVar("Model", bound=torch.nn.Module)
 
 
-class FunctionModule(torch.nn.Module):
-    """A plain function as a module without parameters, so the counter can count it like any model."""
-
-    def __init__(self, function: Callable[..., Any]) -> None:
-        super().__init__()
-        self.function = function
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.function(*args, **kwargs)
-
-
-def as_module(model: Callable[..., Any]) -> torch.nn.Module:
-    """``model`` itself when it is a module, else a FunctionModule calling it."""
-    return model if isinstance(model, torch.nn.Module) else FunctionModule(model)
-
-
 def build_on_meta(factory: Callable[..., Model], **kwargs: Any) -> Model:
     """Build a module on the meta device: parameters have shapes and dtypes but no storage, so any size fits."""
     with torch.device("meta"):

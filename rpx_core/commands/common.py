@@ -1,0 +1,22 @@
+"""What every command shares: loading the plugins as the command line asks, and loading a results file."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def load_plugins(args: argparse.Namespace, *, tolerant: bool = False):
+    from rpx_core.plugins import Plugins
+
+    return Plugins.load([*args.disable, *getattr(args, "disable_after", [])], strict=args.strict_plugins,
+                        tolerant=tolerant)
+
+
+def load_results(path: str) -> Any:
+    """A results file with each stage's result as its declared type; a missing or foreign file is one line."""
+    from pathlib import Path
+
+    from rpx_core.api import load_results as load
+
+    return load(Path(path))

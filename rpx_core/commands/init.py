@@ -1,0 +1,32 @@
+"""``rpx init [MODEL] [--input 1x128] [-o spec.toml]``: write a commented starter spec for one model."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Callable
+
+
+def register(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    parser = command("init", "write a commented starter spec for a model")
+    parser.add_argument("model", nargs="?", help="'pkg.module:callable', 'model.py[:callable]' or a named model such "
+                                                  "as 'hf:gpt2' (default: a tiny CNN from rpx's zoo)")
+    parser.add_argument("--input", metavar="SHAPE", help="input shape, e.g. 1x128 (hf: batch x sequence)")
+    parser.add_argument("-o", "--output", default="spec.toml", help="spec file to write (default: spec.toml)")
+    parser.add_argument("--force", action="store_true", help="overwrite the file if it exists")
+    parser.set_defaults(handler=cmd_init)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from rpx_core.errors import RpxError
+    from rpx_core.safe_write import atomic_write
+    from rpx_core.sources import parse_shape
+    from rpx_core.starter import relocate, render, spec_data
+
+    path = Path(args.output)
+    if path.exists() and not args.force:
+        raise RpxError(f"{path}: already exists; choose another file with -o, or add --force to overwrite it")
+    shape = parse_shape(args.input) if args.input else None
+    atomic_write(path, render(relocate(spec_data(args.model, shape), path.parent)))
+    print(f"wrote {path}; check it with `rpx validate {path}`, run it with `rpx run {path}`")
+    return 0

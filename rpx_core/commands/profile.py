@@ -1,0 +1,58 @@
+"""``rpx profile MODEL --input 1x128``: a quick look without a spec. The spec is built in memory (as ``rpx init``
+would write it), checked and run like ``rpx run``'s, and the summary printed; ``--save-spec`` writes the spec used."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Callable
+
+
+def register(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    parser = command("profile", "profile one model without writing a spec")
+    parser.add_argument("model", help="'pkg.module:callable', 'model.py[:callable]' or a named model such as "
+                                      "'hf:gpt2', 'hf:./local-config-folder', 'torchvision:resnet50'")
+    parser.add_argument("--input", metavar="SHAPE", help="input shape, e.g. 1x128 (hf: batch x sequence; "
+                                                         "images: batch x channels x height x width)")
+    parser.add_argument("--gpus", help="comma-separated GPU names for rooflines (`rpx gpus`), or 'all'")
+    parser.add_argument("--precision", help="fp32 (default), tf32, fp16, bf16, fp8, int8")
+    parser.add_argument("--stages", help="comma-separated stages (default: Tier 1 and the system card, plus the "
+                                         "roofline with --gpus)")
+    parser.add_argument("--backend", help="backend (default: cpu)")
+    parser.add_argument("-o", "--output", help="results file (default: rpx-results/<model>.toml)")
+    parser.add_argument("--save-spec", metavar="FILE", help="also write the spec this run used")
+    parser.set_defaults(handler=cmd_profile)
+
+
+def comma_list(text: str | None) -> tuple[str, ...]:
+    return tuple(part.strip() for part in (text or "").split(",") if part.strip())
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from rpx_core.api import run_spec
+    from rpx_core.commands.common import load_plugins
+    from rpx_core.console import RunConsole, choose_mode, print_tables
+    from rpx_core.exit_codes import ExitCode
+    from rpx_core.safe_write import atomic_write
+    from rpx_core.sources import parse_shape
+    from rpx_core.spec import spec_from_dict
+    from rpx_core.starter import relocate, render, spec_data
+
+    stages = comma_list(args.stages) if args.stages is not None else None
+    data = spec_data(args.model, parse_shape(args.input) if args.input else None, gpus=comma_list(args.gpus),
+                     precision=args.precision, stages=stages, backend=args.backend)
+    if args.output:
+        data["output"] = args.output
+    plugins = load_plugins(args)
+    spec = spec_from_dict(data, where="rpx profile", base_dir=".")
+    if args.save_spec:
+        saved = Path(args.save_spec)
+        atomic_write(saved, render(relocate(data, saved.parent)))
+        print(f"spec: {saved}")
+    output = spec.output_path()
+    with RunConsole(choose_mode(quiet=False, events=None)) as console:
+        result = run_spec(spec, output=output, plugins=plugins, stages=stages, observer=console, where="rpx profile")
+    print_tables(result)
+    print(f"results: {output}")
+    return ExitCode.OK if result.ok else ExitCode.FAILED
+

@@ -1,0 +1,115 @@
+"""``hf:<model id or local folder>``: a Hugging Face transformers model built from its configuration alone.
+
+The configuration comes from a local folder's ``config.json``, the local Hugging Face cache, or the hub when online;
+weights are never downloaded (``AutoModel.from_config`` initialises parameters, and on the meta device, where rpx's
+counted stages build, that costs nothing, so a 70B model counts on a laptop). Inputs are token ids of batch x
+sequence. The spec's ``config`` table overrides configuration attributes (``num_hidden_layers = 2``); ``kwargs``
+take ``auto_class`` (default ``AutoModel``, the model without a task head; e.g. ``AutoModelForCausalLM``) and
+``trust_remote_code``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rpx_core.errors import RpxError, did_you_mean
+from rpx_core.sources import ModelSource, import_or_explain
+from rpx_core.spec import InputSpec
+
+SCHEME = "hf"
+INSTALL = "pip install 'rpx[hf]' (transformers; weights are never downloaded, only the configuration is read)"
+
+
+def is_local(target: str) -> bool:
+    """A folder path rather than a hub id: written as a path, or an existing folder."""
+    return target.startswith((".", "/", "~")) or Path(target).expanduser().is_dir()
+
+
+def check(target: str, config: Mapping[str, Any]) -> list[str]:
+    if not is_local(target):
+        if os.environ.get("HF_HUB_OFFLINE") == "1" and cached_config(target) is None:
+            return [f"{target!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 keeps rpx off the hub "
+                    "(give a folder holding config.json, or go online once)"]
+        return []
+    folder = Path(target).expanduser()
+    if not folder.is_dir():
+        return [f"no such folder {str(folder.resolve())!r} (a local hf: model is a folder holding config.json)"]
+    if not (folder / "config.json").is_file():
+        return [f"folder {str(folder.resolve())!r} has no config.json"]
+    return []
+
+
+def known_config(target: str) -> dict[str, Any] | None:
+    """The configuration as a plain dict when it is on this machine (a local folder or the cache), read as JSON
+    without importing transformers; None when only the hub has it."""
+    if is_local(target):
+        path: Path | None = Path(target).expanduser() / "config.json"
+    else:
+        path = cached_config(target)
+    try:
+        return json.loads(path.read_text()) if path is not None else None
+    except (OSError, ValueError):
+        return None
+
+
+def cached_config(target: str) -> Path | None:
+    """The cached ``config.json`` of a hub id, if the local Hugging Face cache holds it."""
+    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "huggingface"
+    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(home) / "hub")  # where huggingface_hub looks, in its order
+    snapshots = hub.expanduser() / f"models--{target.replace('/', '--')}" / "snapshots"
+    found = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime) if snapshots.is_dir() else []
+    return found[-1] if found else None
+
+
+def vocab_size(target: str, config: Mapping[str, Any]) -> int | None:
+    if "vocab_size" in config:
+        return int(config["vocab_size"])
+    known = known_config(target) or {}
+    size = known.get("vocab_size") or (known.get("text_config") or {}).get("vocab_size")
+    return int(size) if isinstance(size, int) else None
+
+
+def inputs(target: str, shape: tuple[int, ...], config: Mapping[str, Any]) -> tuple[InputSpec, ...]:
+    """Token ids of batch x sequence, drawn from [0, vocab_size) when the vocabulary is known before the run (a
+    local folder, the cache or a ``vocab_size`` override), else from {0, 1} (the counts do not depend on the ids)."""
+    if len(shape) != 2:
+        raise RpxError(f"hf: models take token ids of batch x sequence (e.g. 1x2048), got {'x'.join(map(str, shape))}")
+    return (InputSpec(shape=shape, dtype="int64", name="input_ids", high=vocab_size(target, config)),)
+
+
+def build(target: str, config: Mapping[str, Any], *, auto_class: str = "AutoModel",
+          trust_remote_code: bool = False) -> Any:
+    """The model from its configuration only, with ``config`` overrides applied and checked."""
+    transformers = import_or_explain("transformers", SCHEME, INSTALL)
+    location = str(Path(target).expanduser()) if is_local(target) else target
+    try:
+        configuration = transformers.AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RpxError(f"hf:{target}: cannot read its configuration: {first}") from None
+    for key, value in config.items():
+        if key not in configuration.to_dict() and not hasattr(configuration, key):
+            raise RpxError(f"config.{key}: {type(configuration).__name__} has no attribute {key!r}"
+                           f"{did_you_mean(key, configuration.to_dict())}")
+        setattr(configuration, key, value)
+    auto = getattr(transformers, auto_class, None)
+    if auto is None or not hasattr(auto, "from_config"):
+        raise RpxError(f"kwargs.auto_class: transformers has no auto class {auto_class!r}"
+                       f"{did_you_mean(auto_class, [n for n in dir(transformers) if n.startswith('AutoModel')])}")
+    return auto.from_config(configuration, trust_remote_code=trust_remote_code)
+
+
+SOURCE = ModelSource(
+    SCHEME,
+    "Hugging Face transformers model from its configuration only (model id or local folder; never weights)",
+    build=build,
+    inputs=inputs,
+    requires=("transformers",),
+    install=INSTALL,
+    check=check,
+    example="meta-llama/Llama-2-7b-hf",
+)
