@@ -302,10 +302,10 @@ def modules(run: Any) -> Table | None:
 
 def stage_problems(run: Any) -> Table | None:
     """Stages that did not succeed, with the reason: nothing vanishes silently."""
-    rows = [[Cell(model.name, model.name), Cell(stage, stage), Cell(record.status, record.status),
+    rows = [[Cell(model.name, model.name), Cell(stage, stage), Cell(record.status, record.status.replace("_", " ")),
              Cell(record.error, (record.error or "").splitlines()[0] if record.error else "")]
             for model in run.models for stage, record in model.stages.items() if record.status != "ok"]
-    rows += [[Cell("<run>", "<run>"), Cell(stage, stage), Cell(record.status, record.status),
+    rows += [[Cell("<run>", "<run>"), Cell(stage, stage), Cell(record.status, record.status.replace("_", " ")),
               Cell(record.error, (record.error or "").splitlines()[0] if record.error else "")]
              for stage, record in run.run_stages.items() if record.status != "ok"]
     if not rows:
