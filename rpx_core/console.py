@@ -147,7 +147,7 @@ def print_tables(run: Any) -> None:
     """The tables a run ends with (``rpx show`` prints them all), on stdout: coloured on a terminal, plain when piped."""
     from rpx_core import render, views
 
-    render.terminal(views.tables(run, views.RUN_END), [], sys.stdout, width=None if sys.stdout.isatty() else 200)
+    render.terminal(views.tables(run, views.RUN_END), [], sys.stdout)
 
 
 def eta(started: float, event: Progress) -> float | None:

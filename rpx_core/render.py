@@ -11,9 +11,13 @@ from typing import Any, TextIO
 
 from rpx_core.views import Table
 
+#: The line width for a file or a pipe: wide enough that no cell or note is ever wrapped (lines keep their own length).
+UNWRAPPED = 1000
 
-def terminal(tables: Sequence[Table], footer: Sequence[str], file: TextIO, *, width: int | None = None) -> None:
-    """Rich tables; on a non-terminal ``file`` plain box-drawing text of the same tables (no colour codes)."""
+
+def terminal(tables: Sequence[Table], footer: Sequence[str], file: TextIO) -> None:
+    """Rich tables at the terminal's width; on a non-terminal ``file`` the same tables as plain text, unwrapped, no
+    colour codes."""
     from rich import box
     from rich.console import Console
     from rich.markup import escape
@@ -21,7 +25,7 @@ def terminal(tables: Sequence[Table], footer: Sequence[str], file: TextIO, *, wi
 
     terminal_file = hasattr(file, "isatty") and file.isatty()
     target = file if terminal_file else io.StringIO()
-    console = Console(file=target, width=width, highlight=False, soft_wrap=False)
+    console = Console(file=target, width=None if terminal_file else UNWRAPPED, highlight=False, soft_wrap=False)
     for table in tables:
         shown = RichTable(title=escape(table.title), box=box.SIMPLE_HEAD, title_justify="left", title_style="bold")
         for index, column in enumerate(table.columns):

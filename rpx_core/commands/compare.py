@@ -28,5 +28,5 @@ def cmd_compare(args: argparse.Namespace) -> int:
     elif args.format == "json":
         print(render.json_text([table], []))
     else:
-        render.terminal([table], [], sys.stdout, width=None if sys.stdout.isatty() else 200)
+        render.terminal([table], [], sys.stdout)
     return 0

@@ -30,7 +30,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     run = load(args.results)
     if args.format == "table":  # straight to the terminal, in colour when it is one
-        render.terminal(views.tables(run, args.table or views.DEFAULT), views.footer(run), sys.stdout, width=_width())
+        render.terminal(views.tables(run, args.table or views.DEFAULT), views.footer(run), sys.stdout)
     else:
         print(show_text(run, args.format, args.table), end="")
     return 0
@@ -57,12 +57,5 @@ def show_text(run: Any, fmt: str, names: list[str] | None = None) -> str:
     if fmt == "json":
         return render.json_text(tables, footer) + "\n"
     out = io.StringIO()
-    render.terminal(tables, footer, out, width=_width())
+    render.terminal(tables, footer, out)
     return out.getvalue()
-
-
-def _width() -> int | None:
-    """The terminal's width when printing to one; wide enough for every column otherwise (no wrapped cells)."""
-    import shutil
-
-    return shutil.get_terminal_size().columns if sys.stdout.isatty() else 200
