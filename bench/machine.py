@@ -1,4 +1,5 @@
-"""The machine line every benchmark prints, so recorded numbers always say where they were measured."""
+"""The machine line every benchmark prints, so recorded numbers always say where they were measured (and how busy the
+machine was: a shared machine's other work moves every timing)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,17 @@ import os
 import platform
 
 
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, or a note where the platform has none."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "load average unavailable"
+    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f}"
+
+
 def describe_machine() -> str:
     from rpx_plugins.system_card import cpu_model_name
 
-    return f"{cpu_model_name()} | {os.cpu_count()} logical CPUs | Python {platform.python_version()} | {platform.platform()}"
+    return (f"{cpu_model_name()} | {os.cpu_count()} logical CPUs | Python {platform.python_version()} | "
+            f"{platform.platform()} | {load_average()}")

@@ -12,7 +12,8 @@ options, and FLOP formulas for operators the counter does not know.
   :class:`ModelSource` (models by name: ``source = "myzoo:name"``).
 * What hooks receive: :class:`StageContext`, :class:`RunContext`, :class:`Job`, :class:`ModelSpec`, :class:`InputSpec`.
 * Result and option types of the built-in stages, and the helpers results are built with (:mod:`rpx_core.stats`
-  percentiles as :data:`stats`, :class:`MemoryPeak`, :class:`Timer`).
+  percentiles and the median's interval as :data:`stats`, :class:`MemoryPeak` with :func:`with_start` to fill in a
+  region's start and increment, :class:`Timer`).
 * Precisions (:class:`Precision`, :func:`get_precision`) and GPU packs (:class:`GPUSpec`, :class:`Peak`,
   :class:`GPUCatalog`).
 * Operator formulas: :class:`OpFormula` (what ``rpx_register_op_formulas`` returns) and :mod:`rpx_core.cost_table`
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from rpx_core import cost_table, stats
 from rpx_core.adapters import ModelAdapter
-from rpx_core.backends import Availability, Backend, MemoryPeak, Timer
+from rpx_core.backends import Availability, Backend, MemoryPeak, Timer, with_start
 from rpx_core.context import Job, RunContext, StageContext
 from rpx_core.errors import NotApplicable, RpxError, UnsupportedError
 from rpx_core.gpus import GPUCatalog, GPUSpec, Peak
@@ -63,7 +64,7 @@ __all__ = [
     # results, options and the helpers they are built with
     "ParamsResult", "FlopsResult", "TrafficResult", "OpRecord", "OperatorStats", "ModuleStats", "CountOptions",
     "RooflineResult", "GPURoofline", "RooflineOptions",
-    "LatencyResult", "ThroughputResult", "LatencyOptions", "MemoryPeak", "Timer", "stats",
+    "LatencyResult", "ThroughputResult", "LatencyOptions", "MemoryPeak", "with_start", "Timer", "stats",
     "SystemCard", "AcceleratorCard",
     "BatchSearchResult", "BatchSearchOptions",
     # precisions and GPU packs

@@ -5,6 +5,13 @@ recognition) and the context's model. Model and inputs are built before any warm
 a timed call. Latency samples are single synchronised calls at batch 1; throughput times many back-to-back calls at
 each batch size as one region, with that size's inputs made for its row and dropped after it, so a row's peak memory
 holds no other row's inputs. A batch's time is never divided into per-sample "latencies".
+
+How long to sample: torch.utils.benchmark's ``adaptive_autorange`` stops once the IQR of its block means is within
+a threshold of their median, a rule about the spread (a bimodal workload never meets it); pyperf calibrates, runs
+several processes and warns when the spread looks unstable. rpx stops on what the result claims instead: once the
+median's distribution-free confidence interval is within ``target_relative_width`` of it, and says "stable",
+"noisy" or "too_few_samples" in the result and on the console. Single calls, not block means, so a descheduled call
+is one outlier (counted, kept) instead of being averaged into every figure.
 """
 
 from __future__ import annotations

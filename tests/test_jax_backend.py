@@ -37,6 +37,7 @@ TIER1 = ["count_params", "count_flops", "estimate_traffic"]
 FAST_LATENCY = {
     "min_samples": 5, "max_seconds": 30.0, "warmup_calls": 1,  # max_seconds bounds warm-up (compilation) too "warmup_seconds": 0.0,
     "throughput_seconds": 0.05, "throughput_min_calls": 2,
+    "adaptive": False,  # a fixed count: max_seconds is high for compilation, and a noisy machine would fill half of it
 }
 
 

@@ -31,6 +31,12 @@ UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }  # fmt: skip
 _AMOUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+#: What the budget is compared with: the whole usage at the trial's peak, not the measured region's increment (the
+#: models, their weights and everything the process held before count, as they would in deployment).
+BUDGET_HOLDS = (
+    "each trial's absolute peak (used_bytes: reserved, else allocated, plus memory outside the allocator; the "
+    "process's whole RSS on CPU), not the region's increment"
+)
 #: The smallest amount an integer may give, in bytes: below it, an integer is almost certainly a missing unit.
 MIN_BYTES = 2**20
 
@@ -177,6 +183,9 @@ class StageMeasurement:
     used_bytes: int | None = None  # sequential trials: memory while this stage ran alone (see Trial.used_bytes)
     failure: Failure | None = None
     error: str | None = None  # the out-of-memory error, "ExceptionType: message"
+    #: The trial's own noise: (max - min) / (2 x median) of the samples/s of its timed chunks (NOISE_CHUNKS), shown
+    #: as "±"; None with a single chunk (one call) or in results written before it was recorded.
+    noise: float | None = None
 
 
 @attrs.frozen
@@ -247,6 +256,8 @@ class BatchSearchResult:
     chosen_trial: int | None = None
     frames_per_second: float | None = None  # of the chosen trial
     headroom_bytes: int | None = None  # budget_bytes - the chosen trial's used_bytes
+    #: Which memory figure the budget holds each trial to (BUDGET_HOLDS); None in results written before it was said.
+    budget_holds: str | None = None
 
     @property
     def batch_sizes(self) -> list[tuple[int, ...]]:
@@ -337,6 +348,7 @@ class BatchTracker:
         peak: MemoryPeak | None = None,
         failure: Failure | None = None,
         error: str | None = None,
+        noise: float | None = None,
     ) -> None:
         """Record stage ``stage`` of the open trial: its timed calls, or its failure; ``peak`` when it ran alone."""
         with self._lock:
@@ -355,6 +367,7 @@ class BatchTracker:
                 used_bytes=used,
                 failure=failure,
                 error=error,
+                noise=noise if failure is None else None,
             )
 
     def end_trial(
@@ -414,7 +427,7 @@ def format_table(result: BatchSearchResult) -> str:
     """The trials as a text table: batch sizes and frames/s per stage, pipeline frames/s, memory in MB, outcome.
     The chosen trial is marked with ``*``."""
     names = [stage.name for stage in result.stages]
-    header = ["#", "batch sizes", *[f"{name} fps" for name in names], "pipeline fps", "used MB", "reserved MB"]
+    header = ["#", "batch sizes", *[f"{name} fps ±noise" for name in names], "pipeline fps", "used MB", "reserved MB"]
     header += ["outcome", "s"]
     rows = [header]
     for trial in result.trials:
@@ -422,7 +435,7 @@ def format_table(result: BatchSearchResult) -> str:
         rows.append([
             f"{mark}{trial.index}",
             "x".join(map(str, trial.batch_sizes)),
-            *[_number(stage.frames_per_second) for stage in trial.stages],
+            *[_with_noise(stage) for stage in trial.stages],
             _number(trial.frames_per_second),
             _number(None if trial.used_bytes is None else trial.used_bytes / 1e6),
             _number(None if trial.reserved_bytes is None else trial.reserved_bytes / 1e6),
@@ -432,7 +445,16 @@ def format_table(result: BatchSearchResult) -> str:
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
     budget = f"usable {result.usable_bytes / 1e6:.0f} MB of a {result.budget_bytes / 1e6:.0f} MB budget"
+    if result.budget_holds:
+        budget += " (held to each trial's absolute peak, not its increment)"
     return "\n".join([*lines, f"{budget}; {result.reason}"])
+
+
+def _with_noise(stage: StageMeasurement) -> str:
+    """frames/s with the trial's own noise, e.g. "812.4 ±3%"."""
+    if stage.frames_per_second is None or stage.noise is None:
+        return _number(stage.frames_per_second)
+    return f"{stage.frames_per_second:.1f} ±{stage.noise:.0%}"
 
 
 def _number(value: float | None) -> str:

@@ -11,8 +11,18 @@ Each stage searches on its own line (the other stages fixed):
    ceiling. After a failure without a reading (a hard out-of-memory), or two failures in a row, the next try is
    the midpoint, otherwise the refitted prediction; where the line is too rough (its residuals) to rule out the
    next size, that size is tried. A stage stops when no untried size between floor and ceiling is more than
-   ``resolution`` above the floor, when the line says the next size cannot fit, at ``max_batch``, or when doubling
-   its batch size raised its frames/s by less than ``gain_threshold`` (a plateau).
+   ``resolution`` above the floor, when the line says the next size cannot fit, at ``max_batch``, or at a plateau:
+   its frames/s at the largest fitting size beat the best of every size at most a quarter of it
+   (:data:`PLATEAU_SPAN`) by less than ``gain_threshold``. Calibration sizes never make a plateau: a flat stretch
+   at small sizes (CPU kernels change path with the batch) says nothing about large ones;
+4. refine: a larger size measured slower than the best by no more than the two trials' noise (each trial's
+   frames/s spread over its timed chunks) is measured once more before the drop is believed; when the best size
+   is inside the measured range (a larger size really was slower), the geometric midpoints of the gaps beside it
+   wider than :data:`PROBE_RATIO` are tried, towards the faster neighbour first, unless that neighbour is within
+   ``gain_threshold`` of the best already across at most PLATEAU_SPAN-fold (the curve is flat there). A best at the largest fitting size gets one
+   probe, only when the search jumped to it straight from calibration over more than PLATEAU_SPAN-fold and
+   frames/s rose by less than the square root of that factor (bending over, as before a peak): the jump's
+   geometric midpoint. With ``gain_threshold = 0`` there is no refining (a memory-only search).
 
 Sizes at or above a failure are never tried again: memory is assumed monotone in every batch size.
 
@@ -40,6 +50,7 @@ from typing import Sequence
 import attrs
 
 from rpx_core.types.batch_search import (
+    BUDGET_HOLDS,
     BatchSearchResult,
     MemoryFit,
     StageSummary,
@@ -60,6 +71,10 @@ BISECT_AFTER_MISSES = 2
 MIN_REBALANCE_GAIN = 0.02
 #: The least factor a concurrent bottleneck grows by per step.
 BOTTLENECK_GROWTH = 2
+#: A plateau needs the gain to stay under the threshold over at least this factor of batch sizes.
+PLATEAU_SPAN = 4
+#: Refining stops once the measured sizes beside the best are within this factor of it.
+PROBE_RATIO = 2.0
 
 
 @attrs.frozen
@@ -132,6 +147,8 @@ class BatchPlanner:
         if any(view.hi == 1 for view in views):
             return None  # a stage does not fit even at batch 1
         proposals = [self.grow(view)[0] for view in views]
+        if all(proposal is None for proposal in proposals):
+            proposals = [self.refine(trials, stage, view.hi) for stage, view in enumerate(views)]
         if any(proposal is not None for proposal in proposals):
             return tuple(
                 proposal if proposal is not None else self._best_size(trials, stage)
@@ -143,8 +160,9 @@ class BatchPlanner:
         return None if already_ran or confirmed else best
 
     def _all_stopped(self, trials: Sequence[Trial]) -> bool:
+        views = [self._sequential_view(trials, stage) for stage in range(len(self.names))]
         return bool(trials) and all(
-            self.grow(self._sequential_view(trials, stage))[0] is None for stage in range(len(self.names))
+            self.grow(view)[0] is None and self.refine(trials, stage, view.hi) is None for stage, view in enumerate(views)
         )
 
     def _sequential_view(self, trials: Sequence[Trial], stage: int) -> StageView:
@@ -313,12 +331,56 @@ class BatchPlanner:
         return self.predicted_max(view) if known else None
 
     def _plateau(self, rates: list[tuple[int, float]], lo: int | None) -> bool:
-        """Doubling the batch size (from the largest size at most half of ``lo``) gained under gain_threshold."""
-        if self.gain_threshold <= 0 or lo is None:
+        """Beyond calibration, ``lo``'s frames/s beat the best at sizes of at most ``lo / PLATEAU_SPAN`` by less
+        than gain_threshold: the gain stayed under it over a PLATEAU_SPAN-fold span of sizes."""
+        if self.gain_threshold <= 0 or lo is None or lo <= 2 ** (CALIBRATION_POINTS - 1):
             return False
         by_size = _rates_by_size(rates)
-        smaller = [size for size in by_size if size <= lo / 2]
-        return bool(smaller) and by_size[lo] < (1 + self.gain_threshold) * by_size[max(smaller)]
+        smaller = [by_size[size] for size in by_size if size <= lo / PLATEAU_SPAN]
+        return bool(smaller) and by_size[lo] < (1 + self.gain_threshold) * max(smaller)
+
+    def refine(self, trials: Sequence[Trial], stage: int, hi: int) -> int | None:
+        """Once a stage stopped growing: a size to measure again (a drop within noise) or to probe (beside a best
+        inside the measured range); None when the best is settled. Sizes at or above ``hi`` never come back."""
+        runs = [trial.stages[stage] for trial in trials]
+        fits = [run for run in runs if run.failure is None and run.batch_size < hi and run.frames_per_second]
+        if not fits or self.gain_threshold <= 0:  # 0: a memory-only search, no throughput decisions
+            return None
+        rates = _rates_by_size((run.batch_size, run.frames_per_second) for run in fits)
+        noise = _rates_by_size((run.batch_size, run.noise or 0.0) for run in fits)
+        counts = {size: sum(run.batch_size == size for run in fits) for size in rates}
+        best = max(rates, key=lambda size: (rates[size], -size))
+        for size in sorted(rates, reverse=True):  # the largest first: growth is what a drop would stop
+            drop = 1 - rates[size] / rates[best]
+            if size > best and counts[size] == 1 and drop <= noise[size] + noise[best]:
+                return size
+        sizes = sorted(rates)
+        position = sizes.index(best)
+        if position == len(sizes) - 1:
+            return self._look_between(sizes, rates)
+        neighbours = [sizes[position + 1]] + ([sizes[position - 1]] if position > 0 else [])
+        for neighbour in sorted(neighbours, key=lambda size: -rates[size]):  # towards the faster side first
+            low, high = sorted((best, neighbour))
+            # equal rates across a narrow gap mean a flat curve there; across a wide one, a peak may lie between
+            flat = rates[neighbour] * (1 + self.gain_threshold) >= rates[best] and high / low <= PLATEAU_SPAN
+            midpoint = round(math.sqrt(low * high))
+            if not flat and high / low > PROBE_RATIO and low < midpoint < high and midpoint not in rates:
+                return midpoint
+        return None
+
+    @staticmethod
+    def _look_between(sizes: list[int], rates: dict[int, float]) -> int | None:
+        """The best is the largest size measured: once, when the search jumped straight from calibration to it over
+        more than PLATEAU_SPAN-fold and frames/s rose less than the square root of the size ratio (bending over, as
+        before a peak), the geometric midpoint of that jump."""
+        if len(sizes) < 2:
+            return None
+        best, neighbour = sizes[-1], sizes[-2]
+        ratio = best / neighbour
+        midpoint = round(math.sqrt(best * neighbour))
+        from_calibration = neighbour <= 2 ** (CALIBRATION_POINTS - 1)
+        bending = rates[best] / rates[neighbour] < math.sqrt(ratio)
+        return midpoint if from_calibration and ratio > PLATEAU_SPAN and bending and neighbour < midpoint < best else None
 
     # -- the result ----------------------------------------------------------------------------------------------------
 
@@ -343,6 +405,7 @@ class BatchPlanner:
             budget_enforced=budget_enforced,
             memory_method=memory_method,
             trial_count=len(trials),
+            budget_holds=BUDGET_HOLDS,
             stages=summaries,
             trials=tuple(trials),
         )

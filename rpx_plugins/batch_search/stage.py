@@ -15,6 +15,7 @@ exception is a real failure and ends the stage.
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 import traceback
@@ -123,17 +124,50 @@ def _require_memory_readings(backend: Backend, device: str, enforced: bool) -> N
         )
 
 
-def timed_until(call: Callable[[], Any], timer: Timer, seconds: float) -> tuple[int, float]:
-    """Back-to-back calls until ``seconds`` of host time passed (at least one call); returns (calls, elapsed) with
-    elapsed from the backend timer, which synchronises on both ends, so queued device work is inside it."""
-    timer.start()
-    deadline = time.perf_counter() + seconds
+#: A trial's timed calls are split into this many chunks, each timed on its own, so the trial knows its noise.
+NOISE_CHUNKS = 5
+
+
+@attrs.frozen
+class Timed:
+    calls: int
+    seconds: float  # backend timer, summed over the chunks
+    noise: float | None  # (max - min) / (2 x median) of the chunks' calls per second; None with one chunk
+
+
+def timed_until(call: Callable[[], Any], timer: Timer, seconds: float, chunks: int = NOISE_CHUNKS) -> Timed:
+    """Back-to-back calls until ``seconds`` of host time passed (at least one call per chunk), in ``chunks`` chunks
+    of equal host time, each timed by the backend timer (which synchronises on both ends, so queued device work is
+    inside it). A chunk makes at least one call; no chunk starts once ``seconds`` passed, so a call slower than the
+    whole trial makes one chunk (and no noise figure) as before, not ``chunks`` calls."""
+    per_chunk = seconds / chunks
+    rates: list[float] = []
     calls = 0
-    while True:
-        call()
-        calls += 1
-        if time.perf_counter() >= deadline:
-            return calls, timer.stop()
+    elapsed = 0.0
+    ends = time.perf_counter() + seconds
+    for _ in range(chunks):
+        if calls and time.perf_counter() >= ends:
+            break
+        timer.start()
+        deadline = time.perf_counter() + per_chunk
+        made = 0
+        while True:
+            call()
+            made += 1
+            if time.perf_counter() >= deadline:
+                break
+        chunk = timer.stop()
+        calls, elapsed = calls + made, elapsed + chunk
+        if chunk > 0:
+            rates.append(made / chunk)
+    return Timed(calls, elapsed, chunk_noise(rates))
+
+
+def chunk_noise(rates: Sequence[float]) -> float | None:
+    """Half the range of the chunks' rates relative to their median: ±noise around the trial's rate."""
+    if len(rates) < 2:
+        return None
+    return (max(rates) - min(rates)) / (2 * statistics.median(rates))
 
 
 def drop_frames(exc: BaseException) -> None:
@@ -172,7 +206,7 @@ class TrialRunner:
             self._start_region()
             error = None
             try:
-                calls, seconds = self._measure(stage, size)
+                timed = self._measure(stage, size)
             except Exception as exc:
                 if not self.backend.is_out_of_memory(exc):
                     raise
@@ -180,7 +214,7 @@ class TrialRunner:
                 drop_frames(exc)
             if error is None:
                 peak = self.backend.read_peak_memory(self.device)
-                self.tracker.record_stage(stage, calls=calls, seconds=seconds, peak=peak)
+                self.tracker.record_stage(stage, calls=timed.calls, seconds=timed.seconds, peak=peak, noise=timed.noise)
             else:  # the exception and the frames holding the inputs are gone here
                 self.backend.recover_from_oom(self.device)
                 self.tracker.record_stage(stage, failure="oom", error=error)
@@ -194,7 +228,7 @@ class TrialRunner:
         def work(stage: int) -> None:
             try:
                 with self.backend.concurrent_worker(self.device):
-                    calls, seconds = self._measure(stage, sizes[stage], before_timing=barrier.wait)
+                    timed = self._measure(stage, sizes[stage], before_timing=barrier.wait)
             except threading.BrokenBarrierError:
                 return  # another stage failed before timing started
             except Exception as exc:
@@ -205,7 +239,7 @@ class TrialRunner:
                 else:
                     unexpected.append(exc)
                 return
-            self.tracker.record_stage(stage, calls=calls, seconds=seconds)
+            self.tracker.record_stage(stage, calls=timed.calls, seconds=timed.seconds, noise=timed.noise)
 
         self._start_region()
         threads = [threading.Thread(target=work, args=(stage,), name=f"rpx-batch-{stage}") for stage in range(len(sizes))]
@@ -229,7 +263,7 @@ class TrialRunner:
         self.backend.release_cached_memory(self.device)
         self.backend.reset_peak_memory(self.device)
 
-    def _measure(self, stage: int, size: int, before_timing: Callable[[], Any] = lambda: None) -> tuple[int, float]:
+    def _measure(self, stage: int, size: int, before_timing: Callable[[], Any] = lambda: None) -> Timed:
         """Fresh inputs, one untimed warm-up call, then timed calls; inputs and outputs die with this frame."""
         job = self.stages[stage].job
         args, kwargs = self.backend.make_inputs(job.model, size, job.precision, job.device)
