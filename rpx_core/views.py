@@ -235,20 +235,27 @@ def batch_search(run: Any) -> Table | None:
         rows.append([
             Cell(trial.index, f"{trial.index}{' *' if chosen else ''}"),
             Cell(list(trial.batch_sizes), " x ".join(map(str, trial.batch_sizes))),
-            *[Cell.of(stage.frames_per_second, lambda v: units.rate(v, " fps")) for stage in trial.stages],
+            *[Cell.of(stage.frames_per_second, lambda v: units.rate(v, " fps"), _noise(stage)) for stage in trial.stages],
             Cell.of(trial.frames_per_second, lambda v: units.rate(v, " fps")),
             Cell.of(trial.used_bytes, units.size),
             Cell(trial.failure or "ok", trial.failure or "ok"),
             Cell.of(trial.seconds, units.seconds),
         ])  # fmt: skip
     budget = (f"budget {units.size(result.budget_bytes)}, usable {units.size(result.usable_bytes)} "
-              f"({'enforced' if result.budget_enforced else 'checked against readings'}; {result.memory_method})")
+              f"({'enforced' if result.budget_enforced else 'checked against readings'}; {result.memory_method})"
+              + (f"; held to {result.budget_holds}" if _attr(result, "budget_holds") else ""))
     choice = (f"chosen: trial {result.chosen_trial}, batch sizes "
               + ", ".join(f"{n}={b}" for n, b in zip(names, result.chosen_batch_sizes))
               if result.chosen_batch_sizes else "no combination fits")
-    return _table("batch_search", "Batch search: trials (* = chosen)",
+    return _table("batch_search", "Batch search: trials (* = chosen; ± = the trial's own noise)",
                   ["trial", "batch sizes", *[f"{name} frames/s" for name in names], "pipeline frames/s",
                    "used bytes", "outcome", "seconds"], rows, [choice, result.reason, budget])
+
+
+def _noise(stage: Any) -> str:
+    """A trial stage's own noise ((max - min) / (2 x median) of its chunks' rates) as " ±3%"; none when not recorded."""
+    noise = _attr(stage, "noise")
+    return "" if noise is None else f" ±{units.percent(noise)}"
 
 
 def uncounted(run: Any) -> Table | None:
