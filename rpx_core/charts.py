@@ -4,8 +4,8 @@
   roof per GPU at the run's precision (the peaks and bandwidths the roofline stage used). The model sits at its fused
   (lower-bound traffic) and unfused (upper-bound) intensity on each roof; the top operators of the first GPU at their
   own intensity, coloured by bottleneck; a measured point (FLOPs / measured p50) where latency was measured.
-* Batch search: each stage's frames/s and the trial's memory against the stage's batch size, the budget as a line,
-  failed trials marked x, the chosen trial circled.
+* Batch search: each stage's frames/s and the trial's memory against the stage's batch size (one point per trial),
+  the budget as a line, failed trials marked x, the chosen trial circled.
 """
 
 from __future__ import annotations
@@ -119,9 +119,10 @@ def batch_figure(run: Any) -> Any:
         colour = f"C{index}"
         good = sorted((t.batch_sizes[index], t.stages[index].frames_per_second, t.used_bytes) for t in result.trials
                       if t.ok and t.stages[index].frames_per_second is not None)
-        top.plot([g[0] for g in good], [g[1] for g in good], "o-", color=colour, label=f"{stage.name} frames/s")
-        bottom.plot([g[0] for g in good], [g[2] / 1e6 for g in good if g[2] is not None], "o-", color=colour,
-                    label=f"{stage.name}")
+        # points, not lines: a stage meets one batch size in several trials (the other stages' sizes differ)
+        top.plot([g[0] for g in good], [g[1] for g in good], "o", color=colour, label=f"{stage.name} frames/s")
+        measured = [g for g in good if g[2] is not None]
+        bottom.plot([g[0] for g in measured], [g[2] / 1e6 for g in measured], "o", color=colour, label=f"{stage.name}")
         failed = [(t.batch_sizes[index], t.used_bytes) for t in result.trials if not t.ok]
         if failed:
             bottom.plot([f[0] for f in failed], [(f[1] or result.usable_bytes) / 1e6 for f in failed], "x",
