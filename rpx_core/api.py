@@ -14,7 +14,7 @@ from rpx_core.convert import converter, structure
 from rpx_core.errors import RpxError, SpecError, StageFailed
 from rpx_core.limits import Execution
 from rpx_core.loading import load_callable
-from rpx_core.pipeline import Listener, run_plan
+from rpx_core.pipeline import Listener, Observer, run_plan
 from rpx_core.plan import make_plan
 from rpx_core.plugins import Plugins
 from rpx_core.results import ModelResult, RunResult
@@ -40,6 +40,7 @@ def run_spec(
     execution: Mapping[str, Any] | None = None,
     resume: bool = False,
     where: str | None = None,
+    observer: Observer | None = None,
 ) -> RunResult:
     """Run a loaded spec. Results are written to ``output`` as they are measured, in ``fmt`` (default: JSON for a
     .json suffix, else TOML). ``execution`` overrides keys of the spec's ``[execution]`` table (isolation, timeouts);
@@ -58,7 +59,7 @@ def run_spec(
     if problems:
         raise SpecError("\n".join(problems))
     return run_plan(plan, plugins, output=path, fmt=fmt, spec_path=spec_path, model_objects=model_objects,
-                    listener=listener, resume=resume)
+                    listener=listener, resume=resume, observer=observer)
 
 
 def with_inferred_backend(spec: Spec, plugins: Plugins, model_objects: dict[str, Any]) -> Spec:

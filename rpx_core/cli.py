@@ -12,10 +12,14 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from rpx_core.commands import compare as compare_command
 from rpx_core.commands import gpus as gpus_command
 from rpx_core.commands import init as init_command
+from rpx_core.commands import plot as plot_command
 from rpx_core.commands import profile as profile_command
-from rpx_core.commands.common import load_plugins, print_progress
+from rpx_core.commands import report as report_command
+from rpx_core.commands import show as show_command
+from rpx_core.commands.common import load_plugins
 from rpx_core.exit_codes import ExitCode, for_signal
 from rpx_core.version import __version__
 
@@ -45,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "for debugging); default: the spec's [execution] isolation")
     run.add_argument("--stage-timeout", type=float, metavar="SECONDS", help="kill and record a stage past this")
     run.add_argument("--job-timeout", type=float, metavar="SECONDS", help="kill and record a model job past this")
+    run.add_argument("-q", "--quiet", action="store_true", help="print nothing but failed stages and the results path")
+    run.add_argument("--events", choices=("jsonl",),
+                     help="jsonl: one JSON object per event (stage started, progress, stage finished, run finished) "
+                          "on stdout, instead of the tables")
     run.set_defaults(handler=cmd_run)
 
     validate = command("validate", "check a spec without running it")
@@ -59,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     backends.add_argument("--json", action="store_true")
     backends.set_defaults(handler=cmd_backends)
 
-    for module in (gpus_command, init_command, profile_command):
+    for module in (gpus_command, init_command, profile_command, show_command, compare_command, plot_command,
+                   report_command):
         module.register(command)
     return parser
 
@@ -79,7 +88,7 @@ def add_common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> No
 def cmd_run(args: argparse.Namespace) -> int:
     from rpx_core.api import run_spec
     from rpx_core.checks import validate
-    from rpx_core.summary import render_run
+    from rpx_core.console import RunConsole, choose_mode, print_tables
 
     plugins = load_plugins(args)
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip()) if args.stages is not None else None
@@ -87,10 +96,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else spec.output_path()
     overrides = {key: value for key, value in (("isolation", args.isolation), ("stage_timeout", args.stage_timeout),
                                                ("job_timeout", args.job_timeout)) if value is not None}
-    result = run_spec(spec, output=output, fmt=args.format, stages=stages, plugins=plugins, spec_path=args.spec,
-                      listener=print_progress, execution=overrides, resume=args.resume)
-    print(render_run(result))
-    print(f"results: {output}")
+    console = RunConsole(choose_mode(quiet=args.quiet, events=args.events))
+    with console:
+        result = run_spec(spec, output=output, fmt=args.format, stages=stages, plugins=plugins, spec_path=args.spec,
+                          observer=console, execution=overrides, resume=args.resume)
+    console.finished(output, result.ok)
+    if console.mode in ("live", "plain"):
+        print_tables(result)
+    if console.mode != "jsonl":
+        print(f"results: {output}")
     return EXIT_OK if result.ok else EXIT_STAGE_FAILED
 
 

@@ -15,6 +15,7 @@ import attrs
 
 from rpx_core.errors import UnsupportedError
 from rpx_core.precision import Precision, get_precision
+from rpx_core.progress import ProgressReporter
 from rpx_core.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -53,6 +54,14 @@ class StageContext:
     #: Seconds spent importing, building and placing the model, by phase (see :meth:`setup_phase`); the stage
     #: runner subtracts them from the stage's seconds and records them apart.
     setup: dict[str, float] = attrs.Factory(dict)
+    #: Where ``progress`` sends its events (set by the loop running the stages; a bare context drops them).
+    reporter: ProgressReporter = attrs.Factory(ProgressReporter)
+
+    def progress(self, phase: str, done: int, total: int | None = None) -> None:
+        """Report ``done`` of ``total`` units of a long phase (None: end unknown); throttled, so a measuring loop
+        may call it on every iteration it can afford a function call in (never inside a timed region)."""
+        self.reporter(phase, done, total)
+
 
     @contextlib.contextmanager
     def setup_phase(self, phase: str) -> Iterator[None]:
@@ -137,3 +146,8 @@ class RunContext:
     #: The partial result of an interrupted earlier attempt at this stage (``rpx run --resume``), for a stage that
     #: can continue from it (batch_search keeps its finished trials); None otherwise.
     previous: Any = None
+    reporter: ProgressReporter = attrs.Factory(ProgressReporter)  # see StageContext.progress
+
+    def progress(self, phase: str, done: int, total: int | None = None) -> None:
+        """As :meth:`StageContext.progress` (e.g. batch-search trials)."""
+        self.reporter(phase, done, total)

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from rpx_core.interrupts import Interrupted, signal_of
 from rpx_core.limits import Deadline, Execution
+from rpx_core.progress import Progress
 from rpx_core.results import StageRecord
 from rpx_core.worker import Finished, Report, Setup, StageTimeout, Started, Task, execute, plugin_identity
 
@@ -162,7 +163,10 @@ class _Supervisor:
                 return
             self._handle(event)
 
-    def _handle(self, event: Started | Finished) -> None:
+    def _handle(self, event: Started | Finished | Progress) -> None:
+        if isinstance(event, Progress):  # the stage is alive and says how far it got: passed on, no state changes
+            self.report(event)
+            return
         if isinstance(event, Started):
             self.stage, self.stage_started = event.stage, time.perf_counter()
             self.stage_deadline = Deadline.after(self.limits.stage_timeout)

@@ -25,6 +25,7 @@ from rpx_core.interrupts import signals_raise
 from rpx_core.limits import Execution
 from rpx_core.plan import Plan
 from rpx_core.plugins import Plugins
+from rpx_core.progress import Progress
 from rpx_core.results import ModelResult, Provenance, RunResult, StageRecord, write
 from rpx_core.resume import Resumed, resume_from
 from rpx_core.safe_write import OutputError, OutputLock
@@ -33,6 +34,8 @@ from rpx_core.version import __version__
 from rpx_core.worker import Finished, Started, Task, plugin_identity, run_stage
 
 Listener = Callable[[str, str, StageRecord], None]  # (model or "<run>", stage, record) after each stage
+#: (model or "<run>", event): every event of every stage as it happens (start, progress, end), for live displays.
+Observer = Callable[[str, Started | Finished | Progress], None]
 
 
 def now() -> str:
@@ -80,6 +83,7 @@ def run_plan(
     listener: Listener | None = None,
     execution: Execution | None = None,
     resume: bool = False,
+    observer: Observer | None = None,
 ) -> RunResult:
     """Run every job of ``plan``; return (and keep writing to ``output``) the results.
 
@@ -114,9 +118,9 @@ def run_plan(
         backend.check_device(plan.jobs[0].device)
         executor = make_executor(plugins, execution, model_objects, backend.worker_preload)
         for job in plan.jobs:
-            run_job(job, plan, plugins, executor, results, listener, previous)
+            run_job(job, plan, plugins, executor, results, listener, previous, observer)
         for name in plan.run_stages:
-            run_run_stage(name, plan, plugins, executor, results, listener, previous)
+            run_run_stage(name, plan, plugins, executor, results, listener, previous, observer)
         results.update(provenance=attrs.evolve(results.run.provenance, finished=now()))
         return results.run
 
@@ -135,7 +139,7 @@ def make_executor(plugins: Plugins, execution: Execution, model_objects: dict[st
 
 
 def run_job(job: Job, plan: Plan, plugins: Plugins, executor: Executor, results: ResultsFile,
-            listener: Listener | None, previous: Resumed | None) -> ModelResult:
+            listener: Listener | None, previous: Resumed | None, observer: Observer | None = None) -> ModelResult:
     """Run one model's stages; each outcome is recorded and written as soon as it is known."""
     done = previous.finished_model(job.model.name) if previous else None
     if done is not None:
@@ -146,8 +150,10 @@ def run_job(job: Job, plan: Plan, plugins: Plugins, executor: Executor, results:
     model = _model_result(job, records)
     results.put_model(model)
 
-    def report(event: Started | Finished) -> None:
+    def report(event: Started | Finished | Progress) -> None:
         nonlocal model
+        if observer:
+            observer(job.model.name, event)
         if isinstance(event, Finished):
             records[event.stage] = event.record
             ordered = {name: records[name] for name in job.stages if name in records}
@@ -166,7 +172,7 @@ def run_job(job: Job, plan: Plan, plugins: Plugins, executor: Executor, results:
 
 
 def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Executor, results: ResultsFile,
-                  listener: Listener | None, previous: Resumed | None) -> None:
+                  listener: Listener | None, previous: Resumed | None, observer: Observer | None = None) -> None:
     """Run a run-scoped stage over every model's job, unless something it needs failed for a model."""
     earlier = previous.run_stage(name) if previous else None
     if earlier is not None and earlier.status != "interrupted":
@@ -176,7 +182,9 @@ def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Executor, r
     every_model = [record for model in results.run.models for record in model.stages.items()]
     failed = sorted({need for need, record in every_model if need in stage.needs and record.status != "ok"})
 
-    def report(event: Started | Finished) -> None:
+    def report(event: Started | Finished | Progress) -> None:
+        if observer:
+            observer("<run>", event)
         if isinstance(event, Finished):
             results.update(run_stages={**results.run.run_stages, name: event.record})
             if listener:

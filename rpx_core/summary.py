@@ -83,6 +83,7 @@ def _cell(summary: dict[str, Any], key: str) -> str:
 def timing_note(name: str, summary: dict[str, Any]) -> str | None:
     """One line under the table for a latency that is not stable, saying why and what would help."""
     verdict, count = summary.get("latency_verdict"), summary.get("latency_samples")
+    count = int(count) if isinstance(count, float) else count  # summary fields are floats: "194 samples", not 194.0
     confidence = f"{summary.get('latency_interval_confidence', 0.95):.0%}"
     if verdict == "too_few_samples":
         return (f"{name}: latency p50 from {count} samples has no {confidence} confidence interval: do not trust it; "

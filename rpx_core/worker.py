@@ -30,6 +30,7 @@ from rpx_core.context import Job, RunContext, StageContext
 from rpx_core.errors import NotApplicable, UnsupportedError
 from rpx_core.interrupts import Interrupted, signal_of
 from rpx_core.plugins import Plugins, StageHookError
+from rpx_core.progress import Progress, ProgressReporter
 from rpx_core.results import StageRecord, check_result
 from rpx_core.stages import Stage
 
@@ -78,7 +79,7 @@ class Finished:
     record: StageRecord
 
 
-Report = Callable[[Started | Finished], None]
+Report = Callable[[Started | Finished | Progress], None]
 #: Wraps each stage: ``guard(stage)`` -> a context manager that enforces its time limit (in-process executors).
 Guard = Callable[[str], ContextManager[Any]]
 
@@ -101,9 +102,13 @@ def execute(task: Task, plugins: Any, report: Report, *, model_objects: dict[str
     records = dict(task.kept[0]) if task.scope == "model" else {}
     for context, kept in zip(contexts, task.kept):
         context.results.update({name: record.result for name, record in kept.items() if record.status == "ok"})
+    reporter = ProgressReporter(report)
+    for context in contexts:
+        context.reporter = reporter
     ctx: Any = contexts[0]
     if task.scope == "run":
-        ctx = RunContext(contexts, task.options, backend, plugins, task.gpu_catalog, previous=task.previous)
+        ctx = RunContext(contexts, task.options, backend, plugins, task.gpu_catalog, previous=task.previous,
+                         reporter=reporter)
     with contexts[0].setup_phase("import"):  # the framework, where no zygote imported it before (in-process runs)
         for module in backend.worker_preload:
             _preload(module)
@@ -111,6 +116,7 @@ def execute(task: Task, plugins: Any, report: Report, *, model_objects: dict[str
         for name in task.stages:
             stage = registry[name]
             report(Started(name))
+            reporter.begin(name)
             failed = [need for need in stage.needs if need in records and records[need].status != "ok"]
             started = time.perf_counter()
             try:

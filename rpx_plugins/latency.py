@@ -28,6 +28,7 @@ from rpx_core.backends import Backend, Timer
 from rpx_core.context import StageContext
 from rpx_core.hookspecs import hookimpl
 from rpx_core.limits import Deadline
+from rpx_core.progress import INTERVAL as PROGRESS_INTERVAL
 from rpx_core.types.latency import LatencyOptions, LatencyResult, ThroughputResult
 from rpx_plugins.measurement import gc_paused
 
@@ -71,15 +72,17 @@ def warm_up(call: Callable[[], Any], synchronize: Callable[[], None], calls: int
 
 
 def sample_calls(call: Callable[[], Any], timer: Timer, min_samples: int, max_seconds: float,
-                 deadline: Deadline = Deadline(), tight: Callable[[list[float]], bool] | None = None) -> Sampling:
+                 deadline: Deadline = Deadline(), tight: Callable[[list[float]], bool] | None = None,
+                 progress: Callable[..., None] = lambda *_: None) -> Sampling:
     """Time single calls until ``min_samples`` are taken (and, with ``tight``, until ``tight(samples)`` holds), or
     ``max_seconds`` or the stage's ``deadline`` passed (at least one is always taken). ``tight`` is asked at
-    checkpoints growing by :data:`CHECK_GROWTH`, so judging the samples (a sort) costs O(log n) sorts in all."""
+    checkpoints growing by :data:`CHECK_GROWTH`, so judging the samples (a sort) costs O(log n) sorts in all.
+    ``progress`` is told how far sampling got a few times a second, between timed calls."""
     clock = time.perf_counter
     start, stop = timer.start, timer.stop
     samples: list[float] = []
     append = samples.append
-    began = clock()
+    began = next_report = clock()
     deadline_at = min(began + max_seconds, began + deadline.remaining())
     check_at = min_samples
     while True:
@@ -94,7 +97,10 @@ def sample_calls(call: Callable[[], Any], timer: Timer, min_samples: int, max_se
                 stopped_by = "target_width"
                 break
             check_at = max(len(samples) + 1, math.ceil(len(samples) * CHECK_GROWTH))
-        if clock() >= deadline_at:
+        if (now := clock()) >= next_report:  # between timed calls, never inside one; a few times a second
+            progress("latency sampling", len(samples), min_samples)
+            next_report = now + PROGRESS_INTERVAL
+        if now >= deadline_at:
             stopped_by = "max_seconds"
             break
     return Sampling(tuple(samples), clock() - began, stopped_by)
@@ -181,7 +187,8 @@ def measure_all_throughput(ctx: StageContext, options: LatencyOptions, timer: Ti
     none is started after ``deadline``."""
     results: list[ThroughputResult] = []
     smallest_failed: int | None = None
-    for batch_size in ctx.job.batch_sizes:
+    for done, batch_size in enumerate(ctx.job.batch_sizes):
+        ctx.progress("throughput", done, len(ctx.job.batch_sizes))
         if deadline.expired():
             results.append(ThroughputResult(batch_size, error=f"not measured: measure_latency's max_seconds "
                                             f"({options.max_seconds:g} s) was reached"))
@@ -272,7 +279,7 @@ def measure_latency(ctx: StageContext) -> LatencyResult:
         with gc_paused():  # rpx's own collection and reset are not the model's time: the deadline moves past them
             deadline = deadline.extended(time.monotonic() - paused)
             sampling = sample_calls(call, timer, options.min_samples, sampling_seconds(options, ctx.job.batch_sizes),
-                                    deadline, interval_is_tight(options) if options.adaptive else None)
+                                    deadline, interval_is_tight(options) if options.adaptive else None, ctx.progress)
         peak = backend.read_peak_memory(device)
         throughput = measure_all_throughput(ctx, options, timer, deadline)
     card = ctx.results.get("system_card")

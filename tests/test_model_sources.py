@@ -54,7 +54,8 @@ def test_profile_of_a_local_llama_config_offline_on_h100(llama_dir: Path, tmp_pa
     done = rpx_cli("profile", "hf:./llama", "--input", "1x2048", "--gpus", "H100-SXM", "--save-spec", "saved.toml",
                    env=OFFLINE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "results: rpx-results/llama.toml" in done.stdout and "h100_sxm_fp32" in done.stdout
+    assert "results: rpx-results/llama.toml" in done.stdout and "Tier 2: roofline" in done.stdout
+    assert any(line.split()[:3] == ["llama", "H100-SXM", "fp32"] for line in done.stdout.splitlines())
     model = tomllib.loads((tmp_path / "rpx-results/llama.toml").read_text())["models"][0]
     params, macs = llama_counts(layers=2, seq=2048)
     assert model["source"] == f"hf:{llama_dir}"

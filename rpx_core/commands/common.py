@@ -1,9 +1,8 @@
-"""What every command shares: loading the plugins as the command line asks, and the progress line of a stage."""
+"""What every command shares: loading the plugins as the command line asks, and loading a results file."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 
@@ -14,8 +13,10 @@ def load_plugins(args: argparse.Namespace, *, tolerant: bool = False):
                         tolerant=tolerant)
 
 
-def print_progress(model: str, stage: str, record: Any) -> None:
-    detail = f"{record.seconds:.2f} s" if record.seconds is not None else ""
-    if record.error:
-        detail = f"{detail}  {record.error.splitlines()[0]}".strip()
-    print(f"  {model:<20} {stage:<18} {record.status:<8} {detail}", file=sys.stderr)
+def load_results(path: str) -> Any:
+    """A results file with each stage's result as its declared type; a missing or foreign file is one line."""
+    from pathlib import Path
+
+    from rpx_core.api import load_results as load
+
+    return load(Path(path))

@@ -30,13 +30,13 @@ def comma_list(text: str | None) -> tuple[str, ...]:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from rpx_core.api import run_spec
-    from rpx_core.commands.common import load_plugins, print_progress
+    from rpx_core.commands.common import load_plugins
+    from rpx_core.console import RunConsole, choose_mode, print_tables
     from rpx_core.exit_codes import ExitCode
     from rpx_core.safe_write import atomic_write
     from rpx_core.sources import parse_shape
     from rpx_core.spec import spec_from_dict
     from rpx_core.starter import relocate, render, spec_data
-    from rpx_core.summary import render_run
 
     stages = comma_list(args.stages) if args.stages is not None else None
     data = spec_data(args.model, parse_shape(args.input) if args.input else None, gpus=comma_list(args.gpus),
@@ -50,8 +50,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         atomic_write(saved, render(relocate(data, saved.parent)))
         print(f"spec: {saved}")
     output = spec.output_path()
-    result = run_spec(spec, output=output, plugins=plugins, stages=stages, listener=print_progress, where="rpx profile")
-    print(render_run(result))
+    with RunConsole(choose_mode(quiet=False, events=None)) as console:
+        result = run_spec(spec, output=output, plugins=plugins, stages=stages, observer=console, where="rpx profile")
+    print_tables(result)
     print(f"results: {output}")
     return ExitCode.OK if result.ok else ExitCode.FAILED
 

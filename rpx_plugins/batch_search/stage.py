@@ -71,6 +71,7 @@ def rpx_batch_search(ctx: RunContext) -> BatchSearchResult:
         _require_memory_readings(backend, device, enforced)
         runner = TrialRunner(backend, device, stages, [stage.model() for stage in stages], tracker, options.trial_seconds)
         while (sizes := planner.next_combination(tracker.trials)) is not None:
+            ctx.progress("batch-search trials", len(tracker.trials))
             runner.run(sizes, concurrent=options.concurrent)
     except KeyboardInterrupt as interrupt:  # keep the finished trials: recorded as the interrupted stage's result
         raise with_partial(interrupt, outcome()) from None

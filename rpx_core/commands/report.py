@@ -1,0 +1,29 @@
+"""``rpx report RESULTS [MORE ...] -o report.html``: one self-contained HTML file (rpx_core.report)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(command: Any) -> None:
+    report = command("report", "write one self-contained HTML report of one or more results files")
+    report.add_argument("results", nargs="+", metavar="RESULTS", help="results files; several add a comparison")
+    report.add_argument("-o", "--output", required=True, metavar="FILE", help="the report, e.g. report.html")
+    report.set_defaults(handler=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rpx_core import report
+    from rpx_core.commands.common import load_results as load
+    from rpx_core.errors import RpxError
+    from rpx_core.safe_write import atomic_write
+
+    output = Path(args.output)
+    if output.suffix.lower() not in (".html", ".htm"):
+        raise RpxError(f"{output}: the report file must end in .html")
+    html = report.render([(path, load(path)) for path in args.results])
+    atomic_write(output, html)
+    print(f"report: {output}")
+    return 0

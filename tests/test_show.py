@@ -1,0 +1,131 @@
+"""``rpx show``: every table format rendered from results files made by real runs (tests/data, see its README),
+with figures checked against the files' own numbers."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rpx_core import units, views
+from rpx_core.api import load_results
+from rpx_core.commands.show import show_text
+
+DATA = Path(__file__).parent / "data"
+RUN_A, BATCH = DATA / "run_a_results.toml", DATA / "batch_results.toml"
+
+
+@pytest.fixture(scope="module")
+def run_a():
+    return load_results(RUN_A)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return load_results(BATCH)
+
+
+def test_tier1_cells_are_the_files_figures_in_human_units(run_a):
+    table = views.tier1(run_a)
+    flops = run_a.model("tiny-cnn").result("count_flops")
+    row = next(row for row in table.rows if row[0].value == "tiny-cnn")
+    cell = row[table.columns.index("FLOPs")]
+    assert cell.value == flops.total_flops
+    # independently: MFLOP is 1e6 FLOPs, three significant digits
+    assert cell.text == f"{float(f'{flops.total_flops / 1e6:.3g}'):.2f} MFLOP"
+
+
+def test_terminal_shows_every_default_table_and_the_system_footer(run_a):
+    text = show_text(run_a, "table")
+    for title in ("Tier 1", "Tier 2: roofline", "Tier 3: measured latency", "Tier 3: throughput"):
+        assert title in text
+    assert "system: " in text and "schema 1" in text
+    bound = run_a.model("tiny-cnn").result("roofline").gpus["H100-SXM"]["fp32"].bound_ms_fused
+    assert units.milliseconds(bound) in text
+    assert "e-0" not in text  # no scientific notation anywhere
+
+
+def test_markdown_has_one_pipe_table_per_table(run_a):
+    text = show_text(run_a, "markdown")
+    headings = [line for line in text.splitlines() if line.startswith("### ")]
+    assert len(headings) == len(views.tables(run_a))
+    tier1 = text.split("### Tier 1")[1].split("###")[0]
+    rows = [line for line in tier1.splitlines() if line.startswith("|")]
+    assert len(rows) == 2 + len(run_a.models)  # header, alignment row, one per model
+    assert rows[1].count("---") == len(views.tier1(run_a).columns)
+
+
+def test_csv_is_the_flat_summary_with_raw_values(run_a):
+    rows = list(csv.DictReader(io.StringIO(show_text(run_a, "csv"))))
+    assert [row["model"] for row in rows] == [model.name for model in run_a.models]
+    for row, model in zip(rows, run_a.models):
+        assert float(row["flops_g"]) == pytest.approx(model.summary["flops_g"], rel=1e-3)
+    operators = list(csv.reader(io.StringIO(show_text(run_a, "csv", ["operators"]))))
+    assert operators[0][:3] == ["model", "operator", "calls"]
+    assert len(operators) > 2
+
+
+def test_json_carries_raw_values_of_every_table(run_a):
+    data = json.loads(show_text(run_a, "json", ["tier1", "latency"]))
+    tier1 = data["tables"]["tier1"]
+    column = tier1["columns"].index("params")
+    assert [row[column] for row in tier1["rows"]] == [m.result("count_params").total for m in run_a.models]
+    latency = data["tables"]["latency"]
+    p50 = latency["columns"].index("p50 ms")
+    assert latency["rows"][0][p50] == run_a.models[0].result("measure_latency").p50_ms
+
+
+def test_batch_search_table_marks_the_choice_and_the_failures(batch):
+    result = batch.run_stages["batch_search"].result
+    table = views.batch_search(batch)
+    assert len(table.rows) == len(result.trials)
+    chosen = [row for row in table.rows if row[0].text.endswith("*")]
+    assert [row[0].value for row in chosen] == [result.chosen_trial]
+    outcomes = table.column("outcome")
+    assert outcomes.count("ok") == len(result.ok_trials) and len(outcomes) > len(result.ok_trials)
+    assert any(note.startswith("chosen: trial") for note in table.notes)
+
+
+def test_noisy_and_thin_latency_is_marked(run_a):
+    import attrs
+
+    latency = run_a.models[0].result("measure_latency")
+    assert views.latency_marks(attrs.evolve(latency, verdict="noisy")) == views.NOISY
+    assert views.latency_marks(attrs.evolve(latency, verdict="too_few_samples")) == views.PARTIAL
+    assert views.latency_marks(attrs.evolve(latency, verdict="stable")) == ""
+    # a file older than verdicts: judged by its spread warning and where sampling stopped
+    assert views.latency_marks({"noisy_warning": "noisy machine", "stopped_by": "max_seconds"}) == "~!"
+    assert views.latency_marks({"stopped_by": "min_samples"}) == ""
+    assert views.interval_text({"p50_interval_ms": [0.5, 0.52], "interval_confidence": 0.95}) == "500 µs – 520 µs (95%)"
+    # the table shows the mark on the p50 and the verdict in words
+    thin = attrs.evolve(run_a, models=(attrs.evolve(run_a.models[0], stages={
+        **run_a.models[0].stages, "measure_latency": attrs.evolve(run_a.models[0].stages["measure_latency"],
+                                                                   result=attrs.evolve(latency, verdict="too_few_samples"))}),))
+    row = views.latency(thin).rows[0]
+    assert row[1].text.endswith(views.PARTIAL) and row[8].text == "too_few_samples"
+
+
+def test_the_cli_offers_every_table():
+    from rpx_core.commands.show import TABLES
+
+    assert TABLES == tuple(views.BUILDERS)
+
+
+def test_cli_show_and_its_errors(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "rpx_core.cli", "show", str(BATCH), "--format", "markdown"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "### Batch search" in done.stdout
+    bad = tmp_path / "not-results.toml"
+    bad.write_text("name = 1\n")
+    missing = subprocess.run([sys.executable, "-m", "rpx_core.cli", "show", str(tmp_path / "none.toml")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no such results file" in missing.stderr
+    foreign = subprocess.run([sys.executable, "-m", "rpx_core.cli", "show", str(bad)], capture_output=True, text=True,
+                             timeout=120)
+    assert foreign.returncode == 2 and "Traceback" not in foreign.stderr, foreign.stderr
