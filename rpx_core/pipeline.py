@@ -12,6 +12,7 @@ import datetime
 import platform
 import shlex
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -19,8 +20,9 @@ import attrs
 
 from rpx_core.checks import run_inputs
 from rpx_core.context import Job
-from rpx_core.errors import BackendUnavailable, RpxError
-from rpx_core.executor import Executor, InProcessExecutor, WorkerExecutor, setup_for
+from rpx_core.convert import structure
+from rpx_core.errors import BackendUnavailable, RpxError, SpecError
+from rpx_core.executor import InProcessExecutor, Runner, WorkerExecutor, setup_for
 from rpx_core.interrupts import signals_raise
 from rpx_core.limits import Execution
 from rpx_core.plan import Plan
@@ -28,9 +30,10 @@ from rpx_core.plugins import Plugins
 from rpx_core.results import ModelResult, Provenance, RunResult, StageRecord, write
 from rpx_core.resume import Resumed, resume_from
 from rpx_core.safe_write import OutputError, OutputLock
+from rpx_core.scheduling import Environment, Executor, Resources, WorkItem
 from rpx_core.summary import summarise
 from rpx_core.version import __version__
-from rpx_core.worker import Finished, Started, Task, plugin_identity, run_stage
+from rpx_core.worker import Finished, Placed, Started, Task, plugin_identity, run_stage
 
 Listener = Callable[[str, str, StageRecord], None]  # (model or "<run>", stage, record) after each stage
 
@@ -88,11 +91,12 @@ def run_plan(
     ``resume``, what ``output`` already holds from the same spec, rpx and plugins is kept (see rpx_core.resume)."""
     spec = plan.spec
     execution = execution or spec.execution
-    backend = plugins.backend(spec.backend, spec.choose, require_available=False)
-    available = backend.availability
-    reason = f"backend {backend.name!r} is not available on this machine: {available.reason}"
-    if not available.available and spec.on_unavailable == "error":
-        raise BackendUnavailable(reason)
+    backends = {name: plugins.backend(name, spec.choose, require_available=False)
+                for name in dict.fromkeys([spec.backend, *(job.backend for job in plan.jobs)])}
+    unavailable = {name: f"backend {name!r} is not available on this machine: {backend.availability.reason}"
+                   for name, backend in backends.items() if not backend.availability.available}
+    if unavailable and spec.on_unavailable == "error":
+        raise BackendUnavailable(next(iter(unavailable.values())))
     lock = OutputLock(output) if output is not None else contextlib.nullcontext()
     with lock, signals_raise():
         record = provenance(plan, plugins, spec_path)
@@ -103,68 +107,112 @@ def run_plan(
                                                                    command=record.command)) if previous else RunResult(provenance=record)
         results = ResultsFile(start, output, fmt, run_inputs(plan, spec_path))
         results.update()  # the file exists (and its folder is writable) before anything is measured
-        if not available.available:
-            for job in plan.jobs:
-                skipped = {name: StageRecord("skipped", error=reason) for name in job.stages}
+        for job in plan.jobs:
+            if job.backend in unavailable:
+                skipped = {name: StageRecord("skipped", error=unavailable[job.backend]) for name in job.stages}
                 results.put_model(_model_result(job, skipped, finished=True))
+        if unavailable and all(job.backend in unavailable for job in plan.jobs):
+            reason = unavailable.get(spec.backend) or next(iter(unavailable.values()))
             run_skipped = {name: StageRecord("skipped", error=reason) for name in plan.run_stages}
             results.update(run_stages=run_skipped, provenance=attrs.evolve(results.run.provenance, finished=now()))
             return results.run
+        backends = {name: backend for name, backend in backends.items() if name not in unavailable}
 
-        backend.check_device(plan.jobs[0].device)
-        executor = make_executor(plugins, execution, model_objects, backend.worker_preload)
-        for job in plan.jobs:
-            run_job(job, plan, plugins, executor, results, listener, previous)
+        for job in checked_devices(plan.jobs):
+            if job.backend in backends:
+                backends[job.backend].check_device(job.device)
+        executor, env = make_executor(plan, plugins, execution, model_objects, backends)
+        run_jobs([job for job in plan.jobs if job.backend not in unavailable], plan, plugins, executor, env, results,
+                 listener, previous)
         for name in plan.run_stages:
-            run_run_stage(name, plan, plugins, executor, results, listener, previous)
+            run_run_stage(name, plan, plugins, env.runner, results, listener, previous)
         results.update(provenance=attrs.evolve(results.run.provenance, finished=now()))
         return results.run
 
 
-def make_executor(plugins: Plugins, execution: Execution, model_objects: dict[str, Any] | None,
-                  preload: tuple[str, ...] = ()) -> Executor:
-    """``auto``: a worker process per job, unless the run holds live objects (models or plugins given to the Python
-    API), which only rpx's own process has."""
+def checked_devices(jobs: tuple[Job, ...]) -> list[Job]:
+    """One job per (backend, device) pair, whose device is checked before anything runs."""
+    return list({(job.backend, job.device): job for job in jobs}.values())
+
+
+def make_executor(plan: Plan, plugins: Plugins, execution: Execution, model_objects: dict[str, Any] | None,
+                  backends: dict[str, Any]) -> tuple[Executor, Environment]:
+    """The executor ``execution`` names, and the environment it runs jobs in. ``auto`` isolation: a worker process
+    per job, unless the run holds live objects (models or plugins given to the Python API), which only rpx's own
+    process has."""
     live = bool(model_objects) or any(info.distribution == "<runtime>" for info in plugins.infos())
     isolation = execution.isolation if execution.isolation != "auto" else ("in-process" if live else "worker")
+    executor = plugins.executors()[execution.executor]
+    options = executor_options(executor, execution, plan.where)
     if isolation == "in-process":
-        return InProcessExecutor(plugins, execution, model_objects)
+        return executor, Environment(None, execution, options, InProcessExecutor(plugins, execution, model_objects))
     if model_objects:
         raise RpxError('a live model object cannot be sent to a worker process; use isolation "in-process"')
-    return WorkerExecutor(setup_for(plugins), execution, preload)
+    preload = tuple(dict.fromkeys(module for backend in backends.values() for module in backend.worker_preload))
+    setup = setup_for(plugins)
+    return executor, Environment(setup, execution, options, WorkerExecutor(setup, execution, preload))
 
 
-def run_job(job: Job, plan: Plan, plugins: Plugins, executor: Executor, results: ResultsFile,
-            listener: Listener | None, previous: Resumed | None) -> ModelResult:
-    """Run one model's stages; each outcome is recorded and written as soon as it is known."""
-    done = previous.finished_model(job.model.name) if previous else None
+def executor_options(executor: Executor, execution: Execution, where: str) -> Any:
+    """The ``[execution.executor_options]`` table as the executor's options class (SpecError with key paths)."""
+    if executor.options is None:
+        if execution.executor_options:
+            raise SpecError(f"{where}: execution.executor_options: executor {executor.name!r} takes no options")
+        return None
+    return structure(execution.executor_options, executor.options, where=where, base_path="execution.executor_options")
+
+
+def run_jobs(jobs: list[Job], plan: Plan, plugins: Plugins, executor: Executor, env: Environment,
+             results: ResultsFile, listener: Listener | None, previous: Resumed | None) -> None:
+    """Hand every unfinished job to the executor; each outcome is recorded and written as soon as it is known, in
+    whatever order and from whatever thread the executor reports it."""
+    lock = threading.RLock()
+    registry = plugins.stages(plan.spec.choose)
+    items = [item for job in jobs
+             if (item := work_item(job, plan, plugins, registry, results, listener, previous, lock)) is not None]
+    executor.run(items, env)
+
+
+def work_item(job: Job, plan: Plan, plugins: Plugins, registry: Any, results: ResultsFile, listener: Listener | None,
+              previous: Resumed | None, lock: threading.RLock) -> WorkItem | None:
+    """The job as an executor receives it, its model entry written; None when a resumed run already finished it."""
+    done = previous.finished_model(job.name) if previous else None
     if done is not None:
         results.put_model(done)
-        return done
-    records = previous.kept_stages(job.model.name) if previous else {}
-    kept = dict(records)
-    model = _model_result(job, records)
+        return None
+    records = previous.kept_stages(job.name) if previous else {}
+    todo = tuple(name for name in job.stages if name not in records)
+    model = _model_result(job, records, finished=not todo)
     results.put_model(model)
+    if not todo:
+        return None
+    left = set(todo)
 
-    def report(event: Started | Finished) -> None:
+    def report(event: Started | Finished | Placed) -> None:
         nonlocal model
-        if isinstance(event, Finished):
-            records[event.stage] = event.record
-            ordered = {name: records[name] for name in job.stages if name in records}
-            model = attrs.evolve(model, stages=ordered, summary=summarise(ordered, plugins.stages(plan.spec.choose)))
-            results.put_model(model)
-            if listener:
-                listener(job.model.name, event.stage, event.record)
+        with lock:
+            if isinstance(event, Placed):
+                model = attrs.evolve(model, node=event.node)
+                results.put_model(model)
+            elif isinstance(event, Finished):
+                records[event.stage] = event.record
+                left.discard(event.stage)
+                ordered = {name: records[name] for name in job.stages if name in records}
+                interrupted = any(record.status == "interrupted" for record in ordered.values())
+                model = attrs.evolve(model, stages=ordered, summary=summarise(ordered, registry),
+                                     finished=None if left or interrupted else now())
+                results.put_model(model)
+                if listener:
+                    listener(job.name, event.stage, event.record)
 
-    todo = tuple(name for name in job.stages if name not in kept)
-    if todo:
-        executor.run(Task("model", (job,), todo, (kept,), plan.spec.choose, plan.gpu_catalog), report)
-    model = attrs.evolve(model, finished=now())
-    results.put_model(model)
-    return model
+    kept = {name: record for name, record in records.items()}
+    measured = any(registry[name].measures for name in todo)
+    gpu = measured and job.device.partition(":")[0] not in ("cpu", "meta")
+    task = Task("model", (job,), todo, (kept,), plan.spec.choose, plan.gpu_catalog)
+    return WorkItem(job.name, task, measured, Resources(gpus=1.0 if gpu else 0.0, accelerator=job.machine), report)
 
 
-def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Executor, results: ResultsFile,
+def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Runner, results: ResultsFile,
                   listener: Listener | None, previous: Resumed | None) -> None:
     """Run a run-scoped stage over every model's job, unless something it needs failed for a model."""
     earlier = previous.run_stage(name) if previous else None
@@ -184,7 +232,7 @@ def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Executor, r
     if failed:
         report(Finished(name, run_stage(stage, None, plugins, failed)))
         return
-    kept = tuple(results.run.model(job.model.name).stages for job in plan.jobs)
+    kept = tuple(results.run.model(job.name).stages for job in plan.jobs)
     task = Task("run", plan.jobs, (name,), kept, plan.spec.choose, plan.gpu_catalog,
                 options=plan.options.get(name), previous=earlier.result if earlier is not None else None)
     executor.run(task, report)
@@ -192,7 +240,7 @@ def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Executor, r
 
 def _model_result(job: Job, records: dict[str, StageRecord], finished: bool = False) -> ModelResult:
     return ModelResult(
-        name=job.model.name,
+        name=job.name,
         source=job.model.source,
         backend=job.backend,
         device=job.device,
@@ -200,6 +248,7 @@ def _model_result(job: Job, records: dict[str, StageRecord], finished: bool = Fa
         started=now(),
         finished=now() if finished else None,
         stages=dict(records),
+        coordinates=dict(job.coordinates) or None,
     )
 
 

@@ -65,6 +65,8 @@ BUILTIN = {
     "system-card": "rpx_plugins.system_card",
     "latency": "rpx_plugins.latency",
     "batch-search": "rpx_plugins.batch_search.stage",
+    "local-executor": "rpx_plugins.executors.local",
+    "ray-executor": "rpx_plugins.executors.ray",
 }
 
 T = TypeVar("T")
@@ -354,6 +356,10 @@ class Plugins:
         """Every registered model adapter, in plugin call order (a name two plugins register is an error)."""
         registry = self._collect("rpx_register_model_adapters", lambda a: a.name, "model adapter", {})
         return [registry[name] for name in registry.candidates]
+
+    def executors(self) -> Registry[Any]:
+        """Every registered executor (rpx_core.scheduling.Executor) by name; ``[execution] executor`` picks one."""
+        return self._collect("rpx_register_executors", lambda e: e.name, "executor", {})
 
     def stages(self, choose: Choices | None = None) -> Registry[Stage]:
         return self._collect("rpx_register_stages", lambda s: s.name, "stage", choose.stages if choose else {})

@@ -23,8 +23,8 @@ from rpx_core.safe_write import path_safe
 
 SCHEMA_VERSION = 1
 DEFAULT_STAGES = ("count_params", "count_flops", "estimate_traffic", "system_card")
-Dtype = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+Dtype = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
 
 
 def _non_negative_dims(_: Any, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:
@@ -79,6 +79,34 @@ class ModelSpec:
     fan_out: float = 1.0
 
 
+#: A sweep's axes, in the order they appear in job names and coordinates (rpx_core.sweep).
+AXES = ("batch_size", "seq_len", "resolution", "precision", "backend", "machine")
+
+
+def _positive(_: Any, attribute: attrs.Attribute, values: tuple[int, ...]) -> None:
+    if any(value < 1 for value in values):
+        raise ValueError(f"every {attribute.name} must be >= 1, got {list(values)}")
+
+
+@attrs.frozen
+class Sweep:
+    """The ``[sweep]`` table (expanded by rpx_core.sweep). An axis left out takes the spec's own value; every axis
+    given multiplies the jobs."""
+
+    models: tuple[str, ...] = ()  # names of the [[models]] entries the sweep runs; default: every model
+    batch_size: tuple[int, ...] = attrs.field(default=(), validator=_positive)
+    seq_len: tuple[int, ...] = attrs.field(default=(), validator=_positive)
+    resolution: tuple[int, ...] = attrs.field(default=(), validator=_positive)
+    precision: tuple[PrecisionName, ...] = ()
+    backend: tuple[str, ...] = ()
+    #: GPU models the measured stages run on (a cluster executor places each job on a node with that GPU).
+    machine: tuple[str, ...] = ()
+
+    def axes(self) -> dict[str, tuple[Any, ...]]:
+        """The axes given, in :data:`AXES` order, each without repeated values."""
+        return {axis: tuple(dict.fromkeys(getattr(self, axis))) for axis in AXES if getattr(self, axis)}
+
+
 @attrs.frozen
 class Choices:
     """Resolve name clashes between plugins: which provider's backend, GPU or stage to use."""
@@ -107,6 +135,7 @@ class Spec:
     choose: Choices = attrs.Factory(Choices)
     on_unavailable: Literal["error", "skip"] = "error"  # what to do when the backend is not available here
     execution: Execution = attrs.Factory(Execution)  # worker processes and time limits (rpx_core.limits)
+    sweep: Sweep | None = None  # a matrix of jobs over models, shapes, precisions, backends, machines (rpx_core.sweep)
     schema: int = SCHEMA_VERSION
     base_dir: str = "."  # set by load_spec; not read from the file
     #: True when the spec names no backend (set by spec_from_dict, not read from the file): ``run_spec`` then infers

@@ -78,7 +78,14 @@ class Finished:
     record: StageRecord
 
 
-Report = Callable[[Started | Finished], None]
+@attrs.frozen
+class Placed:
+    """Where a job runs (a cluster executor's node), reported before its first stage and recorded with the job."""
+
+    node: str
+
+
+Report = Callable[[Started | Finished | Placed], None]
 #: Wraps each stage: ``guard(stage)`` -> a context manager that enforces its time limit (in-process executors).
 Guard = Callable[[str], ContextManager[Any]]
 
@@ -130,6 +137,19 @@ def execute(task: Task, plugins: Any, report: Report, *, model_objects: dict[str
             context.release()
         # No gc.collect() here: a full collection costs ~0.2 s once torch is imported, a fixed cost per job; the
         # stages that measure collect themselves before timing (rpx_plugins.measurement.gc_paused).
+
+
+def failed_records(stages: tuple[str, ...], error: str, *, seconds: float | None = None,
+                   traceback: str | None = None, stderr_tail: str | None = None) -> list[Finished]:
+    """``stages`` (what is left of a job) as records when the job cannot go on: the first failed with ``error``,
+    the rest skipped naming it."""
+    if not stages:
+        return []
+    current, *later = stages
+    records = [Finished(current, StageRecord("failed", seconds=seconds, error=error, traceback=traceback,
+                                             stderr_tail=stderr_tail))]
+    return records + [Finished(name, StageRecord("skipped", error=f"not run: stage {current!r} of this job failed: "
+                                                 f"{error}")) for name in later]
 
 
 def run_stage(stage: Stage, ctx: Any, plugins: Plugins, failed_needs: list[str]) -> StageRecord:
