@@ -87,11 +87,12 @@ def plan_with_problems(spec: Spec, plugins: Plugins, *, where: str = "<spec>",
     if backend is not None:
         problems += precision_problems(spec, backend, registry, checkable, options)
     problems += gpu_problems(spec, catalog)
+    swept = sweep_problems(spec.sweep, spec.models) if spec.sweep is not None else []
+    problems += swept
     if spec.sweep is not None:
-        problems += sweep_problems(spec.sweep, spec.models)
         problems += sweep_plan_problems(spec, backends, registry, checkable, options, catalog)
     problems = [problem if problem.startswith(f"{where}: ") else f"{where}: {problem}" for problem in problems]
-    if backend is None or not order:
+    if backend is None or not order or swept:  # a sweep with a wrong axis has no points to plan
         return None, problems
     model_stages = tuple(name for name in order if registry[name].scope == "model")
     jobs = tuple(

@@ -83,20 +83,15 @@ class ModelSpec:
 AXES = ("batch_size", "seq_len", "resolution", "precision", "backend", "machine")
 
 
-def _positive(_: Any, attribute: attrs.Attribute, values: tuple[int, ...]) -> None:
-    if any(value < 1 for value in values):
-        raise ValueError(f"every {attribute.name} must be >= 1, got {list(values)}")
-
-
 @attrs.frozen
 class Sweep:
     """The ``[sweep]`` table (expanded by rpx_core.sweep). An axis left out takes the spec's own value; every axis
     given multiplies the jobs."""
 
     models: tuple[str, ...] = ()  # names of the [[models]] entries the sweep runs; default: every model
-    batch_size: tuple[int, ...] = attrs.field(default=(), validator=_positive)
-    seq_len: tuple[int, ...] = attrs.field(default=(), validator=_positive)
-    resolution: tuple[int, ...] = attrs.field(default=(), validator=_positive)
+    batch_size: tuple[int, ...] = ()
+    seq_len: tuple[int, ...] = ()
+    resolution: tuple[int, ...] = ()
     precision: tuple[PrecisionName, ...] = ()
     backend: tuple[str, ...] = ()
     #: GPU models the measured stages run on (a cluster executor places each job on a node with that GPU).

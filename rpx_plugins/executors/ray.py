@@ -52,10 +52,17 @@ def accelerator_type(gpu: str, names: dict[str, str]) -> str:
     return names.get(gpu, gpu.split("-")[0])
 
 
-def run_on_node(setup: Any, limits: Any, task: Any) -> tuple[str, list[Any]]:
-    """In a Ray worker: load the run's plugins, run the task's stages, return the node's name and every event."""
+def run_on_node(setup: Any, limits: Any, task: Any, preload: tuple[str, ...]) -> tuple[str, list[Any]]:
+    """In a Ray worker: load the run's plugins, run the task's stages, return the node's name and every event.
+    The backend's framework is imported first (as rpx's zygote does), so a fresh worker's import of torch is not
+    counted in its first stage's seconds."""
+    import importlib
+
     from rpx_core.executor import InProcessExecutor
     from rpx_core.worker import load_plugins
+
+    for module in preload:
+        importlib.import_module(module)
 
     for path in setup.sys_path:
         if path not in sys.path and os.path.isdir(path):
@@ -112,7 +119,8 @@ class RayExecutor(Executor):
                                         "max_retries": options.retries, "retry_exceptions": True}
             if resources.accelerator is not None:
                 settings["accelerator_type"] = accelerator_type(resources.accelerator, options.accelerator_types)
-            return remote.options(**settings).remote(env.setup, env.limits, item.task), item
+            preload = getattr(env.runner, "preload", ())
+            return remote.options(**settings).remote(env.setup, env.limits, item.task, preload), item
 
         return submit
 
