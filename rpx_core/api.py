@@ -10,9 +10,7 @@ import attrs
 from rpx_core import results as results_io
 from rpx_core.adapters import adapter_for, infer_backend
 from rpx_core.checks import run_problems
-from rpx_core.convert import converter, structure
 from rpx_core.errors import RpxError, SpecError
-from rpx_core.limits import Execution
 from rpx_core.loading import load_callable
 from rpx_core.pipeline import Listener, run_plan
 from rpx_core.plan import Plan, make_plan
@@ -60,9 +58,7 @@ def plan_spec(spec: Spec, plugins: Plugins, *, stages: Sequence[str] | None = No
               model_objects: dict[str, Any] | None = None) -> Plan:
     """The plan a run of ``spec`` would follow (its jobs: one per model, or per point of a sweep), with
     ``execution`` overriding keys of its ``[execution]`` table; nothing runs (``rpx run --dry-run``)."""
-    if execution:
-        spec = attrs.evolve(spec, execution=structure({**converter.unstructure(spec.execution), **execution}, Execution,
-                                                      where=spec_path or "<spec>", base_path="execution"))
+    spec = spec.with_execution(dict(execution or {}), spec_path or "<spec>")
     if spec.backend_inferred:
         spec = with_inferred_backend(spec, plugins, model_objects or {})
     return make_plan(spec, plugins, where=spec_path or "<spec>", stages=tuple(stages) if stages is not None else None)

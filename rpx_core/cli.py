@@ -93,11 +93,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     plugins = load_plugins(args)
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip()) if args.stages is not None else None
-    spec, _ = validate(args.spec, plugins, stages=stages, output=Path(args.output) if args.output else None)
-    output = Path(args.output) if args.output else spec.output_path()
     overrides = {key: value for key, value in (("isolation", args.isolation), ("stage_timeout", args.stage_timeout),
                                                ("job_timeout", args.job_timeout), ("executor", args.executor))
                  if value is not None}
+    spec, _ = validate(args.spec, plugins, stages=stages, output=Path(args.output) if args.output else None,
+                       execution=overrides)
+    output = Path(args.output) if args.output else spec.output_path()
     if args.dry_run:
         from rpx_core.scheduling import job_lines
 

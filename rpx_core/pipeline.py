@@ -46,11 +46,12 @@ class ResultsFile:
     """The run's results, rewritten atomically whenever something new is known, never over an input of the run."""
 
     def __init__(self, run: RunResult, path: Path | None, fmt: Literal["toml", "json"] | None = None,
-                 protected: tuple[Path, ...] = ()) -> None:
+                 protected: tuple[Path, ...] = (), order: tuple[str, ...] = ()) -> None:
         self.run = run
         self.path = path
         self.fmt = fmt
         self.protected = protected
+        self.order = order  # job names in the plan's order
 
     def update(self, **changes: Any) -> None:
         self.run = attrs.evolve(self.run, **changes)
@@ -63,12 +64,16 @@ class ResultsFile:
                 raise OutputError(f"cannot write results to {self.path}: {exc.strerror or exc}") from None
 
     def put_model(self, model: ModelResult) -> None:
+        """Add or replace ``model``; a new one goes in the plan's order (``order``), whichever job reports first."""
         models = list(self.run.models)
         index = next((i for i, m in enumerate(models) if m.name == model.name), None)
-        if index is None:
-            models.append(model)
-        else:
+        if index is not None:
             models[index] = model
+        else:
+            rank = {name: position for position, name in enumerate(self.order)}
+            after = rank.get(model.name, len(rank))
+            models.insert(next((i for i, m in enumerate(models) if rank.get(m.name, len(rank)) > after), len(models)),
+                          model)
         self.update(models=tuple(models))
 
 
@@ -105,7 +110,7 @@ def run_plan(
                                result_types) if resume and output is not None else None
         start = attrs.evolve(previous.run, provenance=attrs.evolve(previous.run.provenance, finished=None,
                                                                    command=record.command)) if previous else RunResult(provenance=record)
-        results = ResultsFile(start, output, fmt, run_inputs(plan, spec_path))
+        results = ResultsFile(start, output, fmt, run_inputs(plan, spec_path), tuple(job.name for job in plan.jobs))
         results.update()  # the file exists (and its folder is writable) before anything is measured
         for job in plan.jobs:
             if job.backend in unavailable:
@@ -121,7 +126,7 @@ def run_plan(
         for job in checked_devices(plan.jobs):
             if job.backend in backends:
                 backends[job.backend].check_device(job.device)
-        executor, env = make_executor(plan, plugins, execution, model_objects, backends)
+        executor, env = choose_executor(plan, plugins, execution, model_objects, backends)
         run_jobs([job for job in plan.jobs if job.backend not in unavailable], plan, plugins, executor, env, results,
                  listener, previous)
         for name in plan.run_stages:
@@ -135,22 +140,28 @@ def checked_devices(jobs: tuple[Job, ...]) -> list[Job]:
     return list({(job.backend, job.device): job for job in jobs}.values())
 
 
-def make_executor(plan: Plan, plugins: Plugins, execution: Execution, model_objects: dict[str, Any] | None,
-                  backends: dict[str, Any]) -> tuple[Executor, Environment]:
-    """The executor ``execution`` names, and the environment it runs jobs in. ``auto`` isolation: a worker process
-    per job, unless the run holds live objects (models or plugins given to the Python API), which only rpx's own
-    process has."""
-    live = bool(model_objects) or any(info.distribution == "<runtime>" for info in plugins.infos())
-    isolation = execution.isolation if execution.isolation != "auto" else ("in-process" if live else "worker")
+def choose_executor(plan: Plan, plugins: Plugins, execution: Execution, model_objects: dict[str, Any] | None,
+                    backends: dict[str, Any]) -> tuple[Executor, Environment]:
+    """The executor ``execution`` names, and the environment it runs jobs in (the runner of this machine's jobs)."""
     executor = plugins.executors()[execution.executor]
     options = executor_options(executor, execution, plan.where)
+    preload = tuple(dict.fromkeys(module for backend in backends.values() for module in backend.worker_preload))
+    runner = make_executor(plugins, execution, model_objects, preload)
+    setup = runner.setup if isinstance(runner, WorkerExecutor) else None
+    return executor, Environment(setup, execution, options, runner)
+
+
+def make_executor(plugins: Plugins, execution: Execution, model_objects: dict[str, Any] | None,
+                  preload: tuple[str, ...] = ()) -> Runner:
+    """What runs one job on this machine. ``auto`` isolation: a worker process per job, unless the run holds live
+    objects (models or plugins given to the Python API), which only rpx's own process has."""
+    live = bool(model_objects) or any(info.distribution == "<runtime>" for info in plugins.infos())
+    isolation = execution.isolation if execution.isolation != "auto" else ("in-process" if live else "worker")
     if isolation == "in-process":
-        return executor, Environment(None, execution, options, InProcessExecutor(plugins, execution, model_objects))
+        return InProcessExecutor(plugins, execution, model_objects)
     if model_objects:
         raise RpxError('a live model object cannot be sent to a worker process; use isolation "in-process"')
-    preload = tuple(dict.fromkeys(module for backend in backends.values() for module in backend.worker_preload))
-    setup = setup_for(plugins)
-    return executor, Environment(setup, execution, options, WorkerExecutor(setup, execution, preload))
+    return WorkerExecutor(setup_for(plugins), execution, preload)
 
 
 def executor_options(executor: Executor, execution: Execution, where: str) -> Any:
@@ -183,7 +194,8 @@ def work_item(job: Job, plan: Plan, plugins: Plugins, registry: Any, results: Re
     records = previous.kept_stages(job.name) if previous else {}
     todo = tuple(name for name in job.stages if name not in records)
     model = _model_result(job, records, finished=not todo)
-    results.put_model(model)
+    if records or not todo:  # else written when it starts: a job not started yet is not in the file
+        results.put_model(model)
     if not todo:
         return None
     left = set(todo)
@@ -191,6 +203,9 @@ def work_item(job: Job, plan: Plan, plugins: Plugins, registry: Any, results: Re
     def report(event: Started | Finished | Placed) -> None:
         nonlocal model
         with lock:
+            if isinstance(event, Started) and not any(m.name == job.name for m in results.run.models):
+                model = attrs.evolve(model, started=now())
+                results.put_model(model)
             if isinstance(event, Placed):
                 model = attrs.evolve(model, node=event.node)
                 results.put_model(model)

@@ -8,7 +8,7 @@ Whatever goes wrong, every stage of every item must end up reported (failed with
 job is left unfinished and ``rpx run --resume`` runs it again.
 
 :class:`Environment` gives an executor what it needs to run a job: on this machine through rpx's own worker
-processes (:meth:`Environment.run_here`), or elsewhere with :func:`rpx_core.worker.execute` on the far side and
+processes (:meth:`Environment.run_here`), or elsewhere with :func:`run_task_elsewhere` on the far side and
 :func:`rpx_core.worker.failed_records` for a job that could not run at all.
 """
 
@@ -88,6 +88,34 @@ class Executor:
         """What makes the run impossible on this executor, found before anything runs (``key.path: problem`` lines);
         e.g. a job (:class:`rpx_core.context.Job`) that targets a machine this executor cannot reach."""
         return []
+
+
+def run_task_elsewhere(setup: Any, limits: Any, task: Any, preload: tuple[str, ...] = ()) -> list[Any]:
+    """Run ``task`` in this process, on a machine or in a process other than rpx's (a cluster's worker), and return
+    its events for the executor to hand to ``WorkItem.report`` back in rpx's process.
+
+    The run's import path is extended with its folders that exist here, ``RPX_*`` variables are set as in the run,
+    the framework (``preload``, the backend's ``worker_preload``) is imported before the first stage so its import
+    is not counted in that stage's seconds, and the run's plugin set is loaded and checked to be the same. Time
+    limits are those of in-process runs (SIGALRM, main thread only)."""
+    import importlib
+    import sys
+
+    from rpx_core.executor import InProcessExecutor
+    from rpx_core.worker import load_plugins
+
+    for path in setup.sys_path:
+        if path not in sys.path and os.path.isdir(path):
+            sys.path.append(path)
+    os.environ.update({key: value for key, value in setup.environ.items() if key.startswith("RPX_")})
+    if os.path.isdir(setup.cwd):
+        os.chdir(setup.cwd)
+    for module in preload:
+        importlib.import_module(module)
+    plugins = load_plugins(setup)
+    events: list[Any] = []
+    InProcessExecutor(plugins, limits).run(task, events.append)
+    return events
 
 
 def job_lines(plan: Any, plugins: Any) -> list[str]:

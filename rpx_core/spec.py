@@ -147,6 +147,13 @@ class Spec:
         del data["base_dir"], data["backend_inferred"]
         return data
 
+    def with_execution(self, overrides: dict[str, Any] | None, where: str = "<spec>") -> Spec:
+        """This spec with keys of its ``[execution]`` table replaced (``rpx run --executor``, ``--stage-timeout``)."""
+        if not overrides:
+            return self
+        table = {**converter.unstructure(self.execution), **overrides}
+        return attrs.evolve(self, execution=structure(table, Execution, where=where, base_path="execution"))
+
     def digest(self) -> str:
         """A stable hash of the spec's content (independent of its location), recorded with every result."""
         return hashlib.sha256(json.dumps(self.to_data(), sort_keys=True, default=str).encode()).hexdigest()[:16]

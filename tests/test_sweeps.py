@@ -15,7 +15,7 @@ from rpx_core.limits import Execution
 from rpx_core.results import load, write
 from rpx_core.scheduling import Environment, Resources, WorkItem
 from rpx_plugins.executors.local import LocalExecutor, LocalOptions
-from tests.conftest import rpx_cli
+from tests.conftest import make_plugin_package, pip_install_target, rpx_cli
 
 MODELS = Path(__file__).with_name("sweep_models.py")
 COUNTS = ("count_params", "count_flops", "estimate_traffic")
@@ -199,3 +199,69 @@ def test_local_runs_hardware_agnostic_jobs_side_by_side_and_measured_jobs_alone(
     assert overlapping >= 2  # two at a time
     assert measured[0][0] >= max(end for _, end in counted)  # after every counting job
     assert measured[1][0] >= measured[0][1]  # and one at a time
+
+
+# -- a third-party executor, installed like any plugin, written against the public surface only ----------------------
+
+REVERSE_EXECUTOR = '''
+import os
+import threading
+
+import attrs
+from rpx_core.plugin import Executor, Placed, hookimpl, run_task_elsewhere
+
+
+@attrs.frozen
+class ReverseOptions:
+    node: str = "elsewhere"
+
+
+class ReverseExecutor(Executor):
+    """Runs the jobs last first, each in a thread of its own process's "remote" side."""
+
+    name = "reverse"
+    description = "last job first, through run_task_elsewhere"
+    options = ReverseOptions
+
+    def run(self, items, env):
+        for item in reversed(items):
+            events = []
+            thread = threading.Thread(target=lambda: events.extend(run_task_elsewhere(env.setup, env.limits, item.task)))
+            thread.start()
+            thread.join()
+            item.report(Placed(env.options.node))
+            for event in events:
+                item.report(event)
+            print("ran", item.name, "cpus", item.resources.cpus, flush=True)
+
+
+@hookimpl
+def rpx_register_executors():
+    return [ReverseExecutor()]
+'''
+
+
+def test_a_third_party_executor_is_a_plugin_like_any_other(write_spec, tmp_path):
+    package = make_plugin_package(tmp_path / "src", "rpx-reverse", "rpx_reverse", "reverse", REVERSE_EXECUTOR)
+    site = pip_install_target(package, tmp_path / "site")
+    spec = write_spec(SWEEP_SPEC + """
+        [sweep]
+        models = ["tokens"]
+        batch_size = [1, 2]
+        [execution.executor_options]
+        node = "node-7"
+    """)
+    text = spec.read_text().replace('name = "sweep"', f'name = "sweep"\noutput = "{tmp_path}/out.toml"')
+    spec.write_text(text)
+    done = rpx_cli("run", str(spec), "--executor", "reverse", env={"PYTHONPATH": str(site)})
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stdout.splitlines() if line.startswith("ran ")] == [
+        "ran tokens[batch_size=2] cpus 1.0", "ran tokens[batch_size=1] cpus 1.0"]
+    run = load(tmp_path / "out.toml")
+    assert [model.name for model in run.models] == ["tokens[batch_size=1]", "tokens[batch_size=2]"]
+    assert all(model.node == "node-7" and model.ok for model in run.models)
+    assert run.models[1].stages["count_flops"].result["matrix_flops"] == 2 * 2 * 8 * 8 * 4
+    spec.write_text(text.replace('node = "node-7"', 'nodes = "node-7"'))
+    wrong = rpx_cli("run", str(spec), "--executor", "reverse", env={"PYTHONPATH": str(site)})
+    assert wrong.returncode == 2 and "execution.executor_options" in wrong.stderr and "nodes" in wrong.stderr, \
+        wrong.stderr

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +22,7 @@ import attrs
 from rpx_core.errors import RpxError
 from rpx_core.hookspecs import hookimpl
 from rpx_core.interrupts import Interrupted, signal_of
-from rpx_core.scheduling import Environment, Executor, WorkItem
+from rpx_core.scheduling import Environment, Executor, WorkItem, run_task_elsewhere
 from rpx_core.worker import Placed, failed_records
 
 
@@ -53,27 +52,8 @@ def accelerator_type(gpu: str, names: dict[str, str]) -> str:
 
 
 def run_on_node(setup: Any, limits: Any, task: Any, preload: tuple[str, ...]) -> tuple[str, list[Any]]:
-    """In a Ray worker: load the run's plugins, run the task's stages, return the node's name and every event.
-    The backend's framework is imported first (as rpx's zygote does), so a fresh worker's import of torch is not
-    counted in its first stage's seconds."""
-    import importlib
-
-    from rpx_core.executor import InProcessExecutor
-    from rpx_core.worker import load_plugins
-
-    for module in preload:
-        importlib.import_module(module)
-
-    for path in setup.sys_path:
-        if path not in sys.path and os.path.isdir(path):
-            sys.path.append(path)
-    os.environ.update({key: value for key, value in setup.environ.items() if key.startswith("RPX_")})
-    if os.path.isdir(setup.cwd):
-        os.chdir(setup.cwd)
-    plugins = load_plugins(setup)
-    events: list[Any] = []
-    InProcessExecutor(plugins, limits).run(task, events.append)
-    return node_name(), events
+    """In a Ray worker: run the task's stages, return the node's name and every event."""
+    return node_name(), run_task_elsewhere(setup, limits, task, preload)
 
 
 def node_name() -> str:
