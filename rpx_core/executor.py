@@ -129,7 +129,7 @@ class WorkerExecutor:
         self._lock = threading.Lock()
 
     def run(self, task: Task, report: Report) -> None:
-        worker = Zygote.shared().start(self.preload)
+        worker = Zygote.shared().start(self.preload, self.setup.disabled)
         with self._lock:
             self._running.add(worker)
         try:
@@ -321,12 +321,15 @@ class Zygote:
                 atexit.register(cls._shared.close)
             return cls._shared
 
-    def start(self, preload: tuple[str, ...]) -> Worker:
+    def start(self, preload: tuple[str, ...], disabled: tuple[str, ...] = ()) -> Worker:
+        """Fork a worker, importing ``preload`` and loading the plugin set without ``disabled`` in the zygote first
+        (once), so the worker inherits both."""
         ours, theirs = socket.socketpair()
         stderr_read, stderr_write = os.pipe()
+        request = {"op": "fork", "preload": list(preload), "disabled": list(disabled)}
         try:
             with self._lock:
-                socket.send_fds(self.control, [json.dumps({"op": "fork", "preload": list(preload)}).encode()],
+                socket.send_fds(self.control, [json.dumps(request).encode()],
                                 [theirs.fileno(), stderr_write])
                 pid = json.loads(self._reply())["pid"]
         except BaseException:  # interrupted mid-request: its reply would confuse the next one, so start afresh

@@ -53,9 +53,9 @@ class ResultsFile:
         self.protected = protected
         self.order = order  # job names in the plan's order
 
-    def update(self, **changes: Any) -> None:
+    def update(self, *, save: bool = True, **changes: Any) -> None:
         self.run = attrs.evolve(self.run, **changes)
-        if self.path is not None:
+        if self.path is not None and save:
             try:
                 write(self.run, self.path, self.fmt, self.protected)
             except OutputError:
@@ -63,7 +63,7 @@ class ResultsFile:
             except OSError as exc:
                 raise OutputError(f"cannot write results to {self.path}: {exc.strerror or exc}") from None
 
-    def put_model(self, model: ModelResult) -> None:
+    def put_model(self, model: ModelResult, *, save: bool = True) -> None:
         """Add or replace ``model``; a new one goes in the plan's order (``order``), whichever job reports first."""
         models = list(self.run.models)
         index = next((i for i, m in enumerate(models) if m.name == model.name), None)
@@ -74,7 +74,7 @@ class ResultsFile:
             after = rank.get(model.name, len(rank))
             models.insert(next((i for i, m in enumerate(models) if rank.get(m.name, len(rank)) > after), len(models)),
                           model)
-        self.update(models=tuple(models))
+        self.update(models=tuple(models), save=save)
 
 
 def run_plan(
@@ -205,7 +205,7 @@ def work_item(job: Job, plan: Plan, plugins: Plugins, registry: Any, results: Re
         with lock:
             if isinstance(event, Started) and not any(m.name == job.name for m in results.run.models):
                 model = attrs.evolve(model, started=now())
-                results.put_model(model)
+                results.put_model(model, save=False)  # written with its first record, a moment later
             if isinstance(event, Placed):
                 model = attrs.evolve(model, node=event.node)
                 results.put_model(model)

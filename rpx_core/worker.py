@@ -212,16 +212,30 @@ class _no_guard:
 # -- the worker process side ------------------------------------------------------------------------------------------
 
 
-def load_plugins(setup: Setup) -> Any:
-    """The parent's plugin set, loaded here; a different set (a plugin installed meanwhile) is an error."""
+#: Plugin sets the zygote loaded before forking, by the disabled plugins they were loaded without: a worker whose run
+#: has the same set uses its inherited copy instead of loading plugins again (tens of milliseconds per job).
+_LOADED: dict[tuple[str, ...], Any] = {}
+
+
+def _load(disabled: tuple[str, ...]) -> Any:
     import warnings
 
-    from rpx_core.errors import PluginError
     from rpx_core.plugins import PluginLoadWarning, Plugins
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PluginLoadWarning)  # the parent already warned once
-        plugins = Plugins.load(setup.disabled)
+        return Plugins.load(disabled)
+
+
+def load_plugins(setup: Setup) -> Any:
+    """The parent's plugin set, loaded here (or inherited from the zygote when it is the same set); a different set
+    (a plugin installed meanwhile) is an error."""
+    from rpx_core.errors import PluginError
+
+    inherited = _LOADED.get(setup.disabled)
+    if inherited is not None and plugin_identity(inherited) == setup.plugins:
+        return inherited
+    plugins = _load(setup.disabled)
     found = plugin_identity(plugins)
     if found != setup.plugins:
         raise PluginError(f"the worker process found plugins {_names(found)}, the run has {_names(setup.plugins)}")
@@ -279,6 +293,12 @@ def zygote(control: socket.socket) -> None:
         if request["op"] == "fork":
             for module in request.get("preload", ()):
                 _preload(module)
+            disabled = tuple(request.get("disabled", ()))
+            if disabled not in _LOADED:
+                try:
+                    _LOADED[disabled] = _load(disabled)
+                except Exception:
+                    pass  # the worker loads them itself, and says what fails
             gc.freeze()  # what the zygote imported is permanent: a worker's collections never walk torch's objects
             pid = os.fork()
             if pid == 0:
