@@ -1,6 +1,6 @@
 """rpx: a declarative, plugin-based model-efficiency profiler.
 
-The notebook API: ``load_spec``, ``run_spec``, ``run``, ``profile``, ``load_results``. Plugin authors import from
+The notebook API: ``load_spec``, ``run_spec``, ``run``, ``profile`` (raising ``StageFailed``), ``load_results``. Plugin authors import from
 :mod:`rpx_core.plugin`. Names load on first use, so ``import rpx_core`` (and ``rpx --help``) stays light; nothing here
 imports torch.
 """
@@ -19,6 +19,7 @@ _LAZY = {
     "run": "rpx_core.api",
     "profile": "rpx_core.api",
     "load_results": "rpx_core.api",
+    "StageFailed": "rpx_core.errors",
     "hookimpl": "rpx_core.hookspecs",
 }
 

@@ -10,7 +10,7 @@ import attrs
 from rpx_core import results as results_io
 from rpx_core.adapters import adapter_for, infer_backend
 from rpx_core.checks import run_problems
-from rpx_core.errors import RpxError, SpecError
+from rpx_core.errors import RpxError, SpecError, StageFailed
 from rpx_core.loading import load_callable
 from rpx_core.pipeline import Listener, run_plan
 from rpx_core.plan import Plan, make_plan
@@ -18,7 +18,7 @@ from rpx_core.plugins import Plugins
 from rpx_core.results import ModelResult, RunResult
 from rpx_core.spec import DEFAULT_STAGES, Spec, load_spec, spec_from_dict
 
-__all__ = ["load_spec", "run_spec", "run", "profile", "load_results"]
+__all__ = ["load_spec", "run_spec", "run", "profile", "load_results", "StageFailed"]
 
 #: ``output=DEFAULT`` writes where the spec says; ``output=None`` writes nothing.
 DEFAULT: Any = object()
@@ -100,24 +100,46 @@ def profile(
     name: str = "model",
     plugins: Plugins | None = None,
     output: str | Path | None = None,
+    partial: bool = False,
     **settings: Any,
 ) -> ModelResult:
-    """Profile a live model object (never modified: stages that execute it place a copy). ``inputs`` are shapes
-    (``(1, 3, 224, 224)``) or input tables (``{"shape": [1, 128], "dtype": "int64", "high": 32000}``); ``settings``
-    are spec keys (backend, precision, gpus, batch_sizes, options, ...). Default stages: Tier 1 and the system card,
-    plus the roofline when ``gpus`` are given."""
+    """Profile a live model object as a spec's model is profiled: stages count and execute copies (in eval mode, at
+    the precision asked for, on meta where ``count_on`` allows), never the caller's model. ``inputs`` are shapes
+    (``(1, 3, 224, 224)``) or input tables (``{"shape": [1, 128], "dtype": "int64", "high": 32000}``; with ``"name"``
+    a keyword argument); ``settings`` are spec keys (backend, precision, gpus, batch_sizes, options, ...); without a
+    precision, the model's own (a bf16 module is counted at bf16). Default stages: Tier 1 and the system card, plus
+    the roofline when ``gpus`` are given.
+
+    A stage that fails raises :class:`~rpx_core.errors.StageFailed` with its error (the result is on the exception);
+    ``partial=True`` returns the result instead, failed records included (``result.ok`` is then False)."""
     plugins = plugins or Plugins.load()
     adapters = plugins.model_adapters()
     if "backend" not in settings and (adapter_for(model, adapters) is not None or not callable(model)):
         # inferred from the model (a plain callable keeps the default torch backend); an object no adapter
         # recognises is one line naming every accepted form
         settings["backend"] = infer_backend(model, adapters, plugins.backends(), f"model {name!r}")
+    if "precision" not in settings and (own := object_precision(model, plugins, settings.get("backend"))):
+        settings["precision"] = own
     if stages is None:
         stages = (*DEFAULT_STAGES, "roofline") if settings.get("gpus") else DEFAULT_STAGES
     model_table = {"name": name, "source": f"<object>:{type(model).__name__}", "inputs": input_tables(inputs)}
     spec = spec_from_dict({"models": [model_table], "stages": list(stages), **settings}, where="profile()")
-    run_result = run_spec(spec, output=output, plugins=plugins, model_objects={name: model})
-    return run_result.model(name)
+    result = run_spec(spec, output=output, plugins=plugins, model_objects={name: model}).model(name)
+    failed = next((stage for stage, record in result.stages.items() if record.status in ("failed", "interrupted")), None)
+    if failed is not None and not partial:
+        record = result.stages[failed]
+        raise StageFailed(f"stage {failed!r} {record.status} for model {name!r}: {record.error} "
+                          "(partial=True returns the result with the failed stages)", stage=failed, result=result)
+    return result
+
+
+def object_precision(model: Any, plugins: Plugins, backend_name: str | None) -> str | None:
+    """The precision ``model`` holds, as the backend that runs it tells (None: the spec's default)."""
+    try:
+        backend = plugins.backends()[backend_name or attrs.fields(Spec).backend.default]
+    except (KeyError, RpxError):
+        return None  # an unknown or clashing backend name is reported by the spec check, with its key path
+    return backend.object_precision(model)
 
 
 def input_tables(inputs: Iterable[Any]) -> list[dict[str, Any]]:

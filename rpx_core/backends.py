@@ -33,6 +33,9 @@ class MemoryPeak:
 
     ``method`` states how the figure was obtained (e.g. "VmHWM after clear_refs", "torch.cuda.max_memory_allocated",
     "sampled driver memory every 1 ms") because the methods are not equivalent; absent figures are None, never zero.
+    ``start_bytes`` is the same figure as ``peak_bytes`` read when the region started, so ``increment_bytes`` (peak
+    minus start) is what the measured region itself added on top of what was held before it (model, earlier
+    buffers, the interpreter); ``method`` says how the start was read too.
     """
 
     method: str
@@ -40,6 +43,15 @@ class MemoryPeak:
     reserved_bytes: int | None = None  # peak reserved by the allocator's caching pool (CUDA)
     outside_allocator_bytes: int | None = None  # device memory used outside the framework allocator (context, libraries)
     sampled: bool = False  # True when the peak is the max of periodic samples, so a short spike may be missed
+    start_bytes: int | None = None  # peak_bytes's figure at the region's start
+    increment_bytes: int | None = None  # peak_bytes - start_bytes: the region's own need
+
+
+def with_start(peak: MemoryPeak, start_bytes: int | None) -> MemoryPeak:
+    """``peak`` with the region's start and its increment (peak - start, never below 0) filled in."""
+    if start_bytes is None or peak.peak_bytes is None:
+        return attrs.evolve(peak, start_bytes=start_bytes)
+    return attrs.evolve(peak, start_bytes=start_bytes, increment_bytes=max(0, peak.peak_bytes - start_bytes))
 
 
 class Timer:
@@ -115,6 +127,11 @@ class Backend:
     def input_dtype_name(self, spec_input: InputSpec, precision: str) -> str | None:
         """The dtype ``spec_input`` is created with at ``precision`` by this backend (e.g. "float16" for a float32
         input of an fp16 job); None when the backend does not say."""
+        return None
+
+    def object_precision(self, model: Any) -> str | None:
+        """The precision a live model object holds (``rpx.profile`` counts at it when no precision is given);
+        None when the backend cannot tell, and the spec's default applies."""
         return None
 
     def place_model(self, model: Any, precision: str, device: str) -> Any:

@@ -5,7 +5,10 @@ A :class:`Job` holds only data, so a future executor can send it to a worker pro
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -57,6 +60,18 @@ class StageContext:
     #: estimate_traffic). Not written to results.
     cache: dict[str, Any] = attrs.Factory(dict)
     model_object: Any = None  # a live model given through the Python API instead of an import path
+    #: Seconds spent importing, building and placing the model, by phase (see :meth:`setup_phase`); the stage
+    #: runner subtracts them from the stage's seconds and records them apart.
+    setup: dict[str, float] = attrs.Factory(dict)
+
+    @contextlib.contextmanager
+    def setup_phase(self, phase: str) -> Iterator[None]:
+        """Time the enclosed setup work as ``phase`` ("import", "build", "place"), not as the stage's own."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.setup[phase] = self.setup.get(phase, 0.0) + time.perf_counter() - started
 
     @property
     def precision(self) -> Precision:
@@ -71,11 +86,12 @@ class StageContext:
         """Call the model factory (unplaced, on whatever device the factory uses), or copy the given object so that
         placing it (dtype, device, eval mode) never changes the caller's model."""
         if self.model_object is not None:
-            model = copy.deepcopy(self.model_object)
-        else:
+            with self.setup_phase("build"):
+                return self.adapt(copy.deepcopy(self.model_object))
+        with self.setup_phase("import"):
             factory = load_callable(self.job.model.source, what=f"model {self.job.model.name!r}")
-            model = factory(**self.job.model.kwargs)
-        return self.adapt(model)
+        with self.setup_phase("build"):
+            return self.adapt(factory(**self.job.model.kwargs))
 
     def adapt(self, model: Any) -> Any:
         """The model as this backend runs it, through the registered model adapters (rpx_core.adapters); a context
@@ -93,7 +109,9 @@ class StageContext:
                 raise UnsupportedError(
                     f"model {self.job.model.name!r} is meta_only: it is never materialised, so it cannot be executed"
                 )
-            self.cache["model"] = self.backend.place_model(self.build_model(), self.job.precision, self.job.device)
+            built = self.build_model()
+            with self.setup_phase("place"):
+                self.cache["model"] = self.backend.place_model(built, self.job.precision, self.job.device)
         return self.cache["model"]
 
     def inputs(self, batch_size: int = 1) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from typing import Any, Iterable
 
 
 class RpxError(Exception):
@@ -26,6 +26,16 @@ class BackendUnavailable(RpxError):
 
 class UnsupportedError(RpxError):
     """A stage cannot produce a figure for this model/backend/precision; said out loud instead of faking a zero."""
+
+
+class StageFailed(RpxError):
+    """A stage of ``rpx.profile`` failed (or was interrupted): the message names the stage and carries its error;
+    ``result`` is the model's result with every stage record, ``stage`` the first stage that failed."""
+
+    def __init__(self, message: str, *, stage: str, result: Any) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.result = result
 
 
 def did_you_mean(name: str, valid: Iterable[str]) -> str:

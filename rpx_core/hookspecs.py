@@ -54,7 +54,7 @@ def rpx_register_backends() -> list[Backend]:
 
 @hookspec
 def rpx_register_gpu_packs() -> list[Path]:
-    """Return paths of GPU pack TOML files this plugin ships (the format: ``docs/plugins.md``, "GPU packs").
+    """Return paths of GPU pack TOML files this plugin ships (the format: ``docs/plugins.md``, "The GPU-pack format").
 
     Called on every plugin; results are collected. Example: ``return [Path(__file__).with_name("my_gpus.toml")]``.
     """
@@ -126,7 +126,7 @@ def rpx_register_op_formulas() -> list[OpFormula]:
 
 @hookspec
 def rpx_register_model_adapters() -> list[Any]:
-    """Return model adapters (:class:`rpx_core.adapters.ModelAdapter`): each recognises one form of model object by
+    """Return model adapters (:class:`rpx_core.plugin.ModelAdapter`): each recognises one form of model object by
     type and converts it for the backends of its framework. The backend of a spec or ``rpx.profile`` call that names
     none is inferred from them. Called on every plugin; results are collected; names must be unique.
 

@@ -14,7 +14,7 @@ import shlex
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterable, Literal
 
 import attrs
 
@@ -215,6 +215,7 @@ def work_item(job: Job, plan: Plan, plugins: Plugins, registry: Any, results: Re
                 ordered = {name: records[name] for name in job.stages if name in records}
                 interrupted = any(record.status == "interrupted" for record in ordered.values())
                 model = attrs.evolve(model, stages=ordered, summary=summarise(ordered, registry),
+                                     setup=setup_by_phase(ordered.values()),
                                      finished=None if left or interrupted else now())
                 results.put_model(model)
                 if listener:
@@ -251,6 +252,15 @@ def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Runner, res
     task = Task("run", plan.jobs, (name,), kept, plan.spec.choose, plan.gpu_catalog,
                 options=plan.options.get(name), previous=earlier.result if earlier is not None else None)
     executor.run(task, report)
+
+
+def setup_by_phase(records: Iterable[StageRecord]) -> dict[str, float]:
+    """The model's setup seconds by phase: what each stage's record timed apart from its own seconds, summed."""
+    total: dict[str, float] = {}
+    for record in records:
+        for phase, seconds in record.setup.items():
+            total[phase] = round(total.get(phase, 0.0) + seconds, 6)
+    return total
 
 
 def _model_result(job: Job, records: dict[str, StageRecord], finished: bool = False) -> ModelResult:

@@ -6,7 +6,9 @@ options, and FLOP formulas for operators the counter does not know.
 
 * Hooks: :data:`hookimpl` (with pluggy's ``tryfirst``/``trylast`` to order implementations).
 * Registration objects: :class:`Backend` (with :class:`TorchBackend`, the base of the cpu/cuda/mps backends, for a new
-  torch accelerator, and :class:`CpuBackend` for variants of the host backend), :class:`Stage` declarations.
+  torch accelerator, and :class:`CpuBackend` for variants of the host backend), :class:`Stage` declarations,
+  :class:`ModelAdapter` (what ``rpx_register_model_adapters`` returns) and :class:`JaxModel` (what a JAX adapter
+  converts to, with the parameter roles ``TRAINABLE``, ``NON_TRAINABLE``, ``BUFFER``; importing it imports no jax).
 * What hooks receive: :class:`StageContext`, :class:`RunContext`, :class:`Job`, :class:`ModelSpec`, :class:`InputSpec`.
 * Result and option types of the built-in stages, and the helpers results are built with (:mod:`rpx_core.stats`
   percentiles as :data:`stats`, :class:`MemoryPeak`, :class:`Timer`).
@@ -24,6 +26,7 @@ options, and FLOP formulas for operators the counter does not know.
 from __future__ import annotations
 
 from rpx_core import cost_table, stats
+from rpx_core.adapters import ModelAdapter
 from rpx_core.backends import Availability, Backend, MemoryPeak, Timer
 from rpx_core.context import Job, RunContext, StageContext
 from rpx_core.errors import RpxError, UnsupportedError
@@ -48,13 +51,15 @@ from rpx_core.types.latency import LatencyOptions, LatencyResult, ThroughputResu
 from rpx_core.types.roofline import GPURoofline, RooflineOptions, RooflineResult
 from rpx_core.types.system_card import AcceleratorCard, SystemCard
 from rpx_core.worker import Placed, failed_records
+from rpx_plugins.jax.model import BUFFER, NON_TRAINABLE, TRAINABLE, JaxModel
 from rpx_plugins.torch.backend import TorchBackend
 from rpx_plugins.torch.cpu import CpuBackend
 
 __all__ = [
     "hookimpl",
     # registration objects
-    "Backend", "TorchBackend", "CpuBackend", "Availability", "Stage",
+    "Backend", "TorchBackend", "CpuBackend", "Availability", "Stage", "ModelAdapter",
+    "JaxModel", "TRAINABLE", "NON_TRAINABLE", "BUFFER",
     # what hooks receive
     "StageContext", "RunContext", "Job", "ModelSpec", "InputSpec",
     # results, options and the helpers they are built with

@@ -36,6 +36,9 @@ class StageRecord:
     provided_by: str | None = None  # the plugin whose hook implementation produced the result
     result: Any = None
     stderr_tail: str | None = None  # the last output of a worker that crashed, timed out or exited in this stage
+    #: Seconds of setup that happened during this stage ("import": frameworks and the model's module, "build": the
+    #: model factory or copy, "place": moving/casting it to the device), excluded from ``seconds``.
+    setup: dict[str, float] = attrs.Factory(dict)
 
 
 StageRecords = dict[str, StageRecord]
@@ -60,6 +63,9 @@ class ModelResult:
     #: backend, machine) -> its value, so sweep results read as one table; None outside a sweep.
     coordinates: dict[str, int | str] | None = None
     node: str | None = None  # the cluster node the job ran on (cluster executors); None: this machine
+    #: Seconds of setup by phase ("import", "build", "place"), summed over the stages during which it happened;
+    #: no stage's ``seconds`` includes them.
+    setup: dict[str, float] = attrs.Factory(dict)
 
     @property
     def ok(self) -> bool:

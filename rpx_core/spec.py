@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import keyword
 import re
 import tomllib
 from pathlib import Path
@@ -59,8 +60,9 @@ class ModelSpec:
     source: str
     kwargs: dict[str, Any] = attrs.Factory(dict)
     inputs: tuple[InputSpec, ...] = ()
-    #: ``pkg.module:callable(batch_size, device, dtype)`` returning the positional args tuple (or (args, kwargs)),
-    #: for inputs shapes alone cannot describe.
+    #: ``pkg.module:callable(batch_size, device, dtype)`` returning a dict of keyword arguments, a tuple of positional
+    #: inputs, (args, kwargs), or one input (rpx_plugins.torch.backend.factory_inputs), for inputs shapes alone
+    #: cannot describe.
     input_factory: str | None = None
     #: Build the model only on the meta device: for models too large to materialise. Measured stages then fail clearly.
     meta_only: bool = False
@@ -275,9 +277,19 @@ def _check_semantics(spec: Spec, where: str) -> list[str]:
             problems.append(f"models[{index}].source: expected 'package.module:callable' or 'file.py:callable'")
         if not model.inputs and not model.input_factory:
             problems.append(f"models[{index}]: give inputs (shapes and dtypes) or an input_factory")
+        if model.inputs and model.input_factory:
+            problems.append(f"models[{index}]: give inputs or an input_factory, not both (the factory makes every input)")
+        input_names = [spec_input.name for spec_input in model.inputs if spec_input.name is not None]
         for position, spec_input in enumerate(model.inputs):
             if spec_input.batch_dim is not None and spec_input.batch_dim >= len(spec_input.shape):
                 problems.append(f"models[{index}].inputs[{position}].batch_dim: out of range for shape {list(spec_input.shape)}")
+            if spec_input.name is None:
+                continue
+            if not spec_input.name.isidentifier() or keyword.iskeyword(spec_input.name):
+                problems.append(f"models[{index}].inputs[{position}].name: {spec_input.name!r} is not a keyword "
+                                "argument name (a Python identifier)")
+            elif input_names.count(spec_input.name) > 1:
+                problems.append(f"models[{index}].inputs[{position}].name: {spec_input.name!r} names more than one input")
     try:
         spec.output.format(name=spec.name)
     except (KeyError, IndexError, ValueError) as exc:

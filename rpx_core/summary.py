@@ -29,9 +29,11 @@ COLUMNS = (
     ("fused_traffic_gb", "fused GB"),
     ("arithmetic_intensity", "FLOP/B"),
     ("actmem_gb_fp16", "act GB fp16"),
-    ("latency_p50_ms", "p50 ms"),
+    ("latency_p50_ms", "p50 ms [CI]"),
+    ("latency_verdict", "timing"),
     ("latency_p99_ms", "p99 ms"),
     ("peak_memory_mb", "peak MB"),
+    ("peak_increment_mb", "call +MB"),
 )
 
 
@@ -40,7 +42,8 @@ def render_run(run: Any) -> str:
     rows = [(model.name, model.summary) for model in run.models if model.stages]
     columns = [(key, title) for key, title in COLUMNS if any(key in summary for _, summary in rows)]
     lines = table(["model", *(title for _, title in columns)],
-                  [[name, *(format_value(summary.get(key, "-")) for key, _ in columns)] for name, summary in rows]) if rows else []
+                  [[name, *(_cell(summary, key) for key, _ in columns)] for name, summary in rows]) if rows else []
+    lines += [line for name, summary in rows if (line := timing_note(name, summary))]
     bounds = sorted({key for _, summary in rows for key in summary if key.startswith("roofline_") and key.endswith("_ms")
                      and key != "roofline_bound_ms"})
     if bounds:
@@ -59,6 +62,35 @@ def render_run(run: Any) -> str:
 
             lines += ["", format_table(record.result)]
     return "\n".join(lines)
+
+
+#: How the summary table's "timing" column shows each latency verdict (loud where the p50 must not be trusted).
+VERDICT_MARKS = {"stable": "stable", "noisy": "NOISY", "too_few_samples": "TOO FEW"}
+
+
+def _cell(summary: dict[str, Any], key: str) -> str:
+    """A table cell; the p50 carries its interval beside it and the verdict its sample count when not stable."""
+    value = summary.get(key, "-")
+    if key == "latency_p50_ms" and "latency_p50_low_ms" in summary:
+        return f"{format_value(value)} [{format_value(summary['latency_p50_low_ms'])}, " \
+               f"{format_value(summary['latency_p50_high_ms'])}]"
+    if key == "latency_verdict" and value in VERDICT_MARKS:
+        mark = VERDICT_MARKS[value]
+        return mark if value == "stable" else f"{mark} (n={summary.get('latency_samples', '?')})"
+    return format_value(value)
+
+
+def timing_note(name: str, summary: dict[str, Any]) -> str | None:
+    """One line under the table for a latency that is not stable, saying why and what would help."""
+    verdict, count = summary.get("latency_verdict"), summary.get("latency_samples")
+    confidence = f"{summary.get('latency_interval_confidence', 0.95):.0%}"
+    if verdict == "too_few_samples":
+        return (f"{name}: latency p50 from {count} samples has no {confidence} confidence interval: do not trust it; "
+                "raise [options.measure_latency] max_seconds or min_samples")
+    if verdict == "noisy":
+        return (f"{name}: latency is noisy: the median's {confidence} interval is wider than the target width after "
+                f"{count} samples; quiet the machine or raise max_seconds")
+    return None
 
 
 def skipped_rooflines(run: Any) -> list[str]:

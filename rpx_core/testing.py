@@ -6,6 +6,7 @@ For plugin authors and rpx's own tests::
 
     ctx = make_context(torch.nn.Linear(16, 8), inputs=[(1, 16)], stages=["count_params"])
     assert run_stage("count_params", ctx).total == 136
+    ctx = make_context(torch.nn.Linear(16, 8), inputs=[(1, 16)], backend="my-npu", stages=["count_params"])
 
 The context is made exactly as ``rpx run`` makes it (spec checked, plan made, options structured into their classes),
 so what a test sees is what a run sees.
@@ -46,13 +47,14 @@ def make_plan_for(models: Mapping[str, Any], *, inputs: Iterable[Any] | Mapping[
     return make_plan(spec, plugins or default_plugins(), where="make_context()")
 
 
-def make_context(model: Any, *, inputs: Iterable[Any] = (), backend: Backend | None = None,
+def make_context(model: Any, *, inputs: Iterable[Any] = (), backend: Backend | str | None = None,
                  plugins: Plugins | None = None, results: Mapping[str, Any] | None = None, name: str = "model",
                  model_keys: Mapping[str, Any] | None = None, **settings: Any) -> StageContext:
-    """The StageContext a run would give the stages of ``model`` (a live object, or a source string). ``backend``
-    replaces the registered backend of the spec's name (e.g. a backend over a fake device); ``results`` are earlier
-    stages' results by name."""
+    """The StageContext a run would give the stages of ``model`` (a live object, or a source string). ``backend`` is
+    the spec's backend name (``"cpu"`` by default), or a Backend object replacing the registered backend of the
+    spec's name (e.g. a backend over a fake device); ``results`` are earlier stages' results by name."""
     plugins = plugins or default_plugins()
+    backend, settings = _backend_setting(backend, settings)
     plan = make_plan_for({name: model}, inputs=inputs, model_keys=model_keys, plugins=plugins, **settings)
     backend = backend or plugins.backend(plan.spec.backend, plan.spec.choose, require_available=False)
     live = None if isinstance(model, str) else model
@@ -62,14 +64,23 @@ def make_context(model: Any, *, inputs: Iterable[Any] = (), backend: Backend | N
 
 
 def make_run_context(models: Mapping[str, Any], *, stage: str, inputs: Iterable[Any] | Mapping[str, Iterable[Any]] = (),
-                     backend: Backend | None = None, plugins: Plugins | None = None, **settings: Any) -> RunContext:
-    """The RunContext a run-scoped ``stage`` (e.g. batch_search) would get for live ``models`` (name -> object)."""
+                     backend: Backend | str | None = None, plugins: Plugins | None = None, **settings: Any) -> RunContext:
+    """The RunContext a run-scoped ``stage`` (e.g. batch_search) would get for live ``models`` (name -> object);
+    ``backend`` as for :func:`make_context`."""
     plugins = plugins or default_plugins()
+    backend, settings = _backend_setting(backend, settings)
     plan = make_plan_for(models, inputs=inputs, plugins=plugins, stages=[stage], **settings)
     backend = backend or plugins.backend(plan.spec.backend, plan.spec.choose, require_available=False)
     contexts = [StageContext(job, backend, plugins, plan.gpu_catalog, model_object=live)
                 for job in plan.jobs for live in [None if isinstance(models[job.model.name], str) else models[job.model.name]]]
     return RunContext(contexts, plan.options.get(stage), backend, plugins, plan.gpu_catalog)
+
+
+def _backend_setting(backend: Backend | str | None, settings: dict[str, Any]) -> tuple[Backend | None, dict[str, Any]]:
+    """A backend name is the spec's ``backend`` key; a Backend object stands in for the registered one."""
+    if isinstance(backend, str):
+        return None, {**settings, "backend": backend}
+    return backend, settings
 
 
 def run_stage(stage: str, ctx: StageContext | RunContext) -> Any:

@@ -110,6 +110,9 @@ def execute(task: Task, plugins: Any, report: Report, *, model_objects: dict[str
     ctx: Any = contexts[0]
     if task.scope == "run":
         ctx = RunContext(contexts, task.options, backend, plugins, task.gpu_catalog, previous=task.previous)
+    with contexts[0].setup_phase("import"):  # the framework, where no zygote imported it before (in-process runs)
+        for module in backend.worker_preload:
+            _preload(module)
     try:
         for name in task.stages:
             stage = registry[name]
@@ -128,6 +131,7 @@ def execute(task: Task, plugins: Any, report: Report, *, model_objects: dict[str
             except KeyboardInterrupt as interrupt:
                 report(Finished(name, interrupted_record(stage, interrupt, _since(started))))
                 raise Interrupted(signal_of(interrupt)) from None
+            record = attrs.evolve(record, setup=_take_setup(contexts))
             records[name] = record
             if record.status == "ok" and task.scope == "model":
                 contexts[0].results[name] = record.result
@@ -151,14 +155,31 @@ def failed_records(stages: tuple[str, ...], error: str, *, seconds: float | None
     return records + [Finished(name, StageRecord("skipped", error=f"not run: stage {current!r} of this job failed: "
                                                  f"{error}")) for name in later]
 
+def _take_setup(contexts: list[StageContext]) -> dict[str, float]:
+    """The setup seconds by phase the contexts timed since the last call (for the record of the stage that just
+    ended), rounded like stage seconds; the contexts start counting afresh."""
+    taken: dict[str, float] = {}
+    for context in contexts:
+        for phase, seconds in context.setup.items():
+            taken[phase] = taken.get(phase, 0.0) + seconds
+        context.setup.clear()
+    return {phase: round(seconds, 6) for phase, seconds in taken.items()}
+
+
+def _setup_seconds(ctx: Any) -> float:
+    """Setup seconds timed so far by a stage context, or by every model's context of a run-scoped one."""
+    contexts = ctx.models if isinstance(ctx, RunContext) else [ctx]
+    return sum(sum(context.setup.values()) for context in contexts if isinstance(context, StageContext))
+
 
 def run_stage(stage: Stage, ctx: Any, plugins: Plugins, failed_needs: list[str]) -> StageRecord:
     """Run one stage through its hook unless something it needs failed; never raise for a stage's own failure.
 
-    The record names the plugin that answered, or the one that was answering when the stage failed."""
+    The record names the plugin that answered, or the one that was answering when the stage failed. Its seconds
+    exclude setup (importing, building and placing the model) done during it; the caller records that apart."""
     if failed_needs:
         return StageRecord("skipped", error=f"needs {', '.join(failed_needs)}, which did not succeed")
-    started = time.perf_counter()
+    started = time.perf_counter() - _setup_seconds(ctx)  # only setup timed from here on is subtracted below
     provider = None
     try:
         try:
@@ -173,12 +194,13 @@ def run_stage(stage: Stage, ctx: Any, plugins: Plugins, failed_needs: list[str])
     except Exception as exc:
         return StageRecord(
             "failed",
-            seconds=round(time.perf_counter() - started, 6),
+            seconds=round(time.perf_counter() - started - _setup_seconds(ctx), 6),
             error=f"{type(exc).__name__}: {exc}",
             traceback="".join(traceback.format_exception(exc)),
             provided_by=provider,
         )
-    return StageRecord("ok", seconds=round(time.perf_counter() - started, 6), provided_by=provider, result=result)
+    seconds = round(time.perf_counter() - started - _setup_seconds(ctx), 6)
+    return StageRecord("ok", seconds=seconds, provided_by=provider, result=result)
 
 
 def interrupted_record(stage: Any, interrupt: BaseException, seconds: float | None) -> StageRecord:

@@ -8,7 +8,8 @@ Host peak on Linux: writing "5" to ``/proc/self/clear_refs`` resets the kernel's
 no thread running beside the measured code. Where that file is not writable (macOS, locked-down containers) a
 background thread samples RSS every millisecond and the result says ``sampled=True``: a spike shorter than the
 interval can be missed. Either way the peak is the process's whole RSS during the region (model and inputs included),
-never the peak since start.
+never the peak since start. Beside it, the RSS at the region's start and the increment (peak - start): the
+region's own need, without what the process held before it.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterable
 
-from rpx_core.backends import MemoryPeak
+from rpx_core.backends import MemoryPeak, with_start
 
 CLEAR_REFS = Path("/proc/self/clear_refs")
 STATUS = Path("/proc/self/status")
 SAMPLE_INTERVAL_S = 0.001
-HWM_METHOD = "VmHWM (peak RSS) after writing 5 to /proc/self/clear_refs"
-SAMPLED_RSS_METHOD = f"max RSS (psutil) sampled every {SAMPLE_INTERVAL_S * 1e3:g} ms on a background thread"
+HWM_METHOD = "VmHWM (peak RSS) after writing 5 to /proc/self/clear_refs; start: VmRSS right after the reset"
+SAMPLED_RSS_METHOD = (f"max RSS (psutil) sampled every {SAMPLE_INTERVAL_S * 1e3:g} ms on a background thread; start: "
+                      "the first sample")
 #: Message of torch's CPU allocator failure (a plain RuntimeError) and of the OS refusing memory.
 HOST_OOM_MESSAGES = ("can't allocate memory", "Cannot allocate memory")
 
@@ -64,7 +66,7 @@ class MemorySampler:
         self._read = read
         self._interval_s = interval_s
         self._stop = threading.Event()
-        self._peak = read()
+        self._peak = self.start = read()
         self._thread = threading.Thread(target=self._run, name="rpx-memory-sampler", daemon=True)
         self._thread.start()
 
@@ -90,6 +92,7 @@ class HostPeakTracker:
     def __init__(self, force_sampling: bool = False) -> None:
         self._force_sampling = force_sampling  # tests use it to exercise the fallback where clear_refs works
         self._sampler: MemorySampler | None = None
+        self._start: int | None = None
 
     def reset(self) -> None:
         if self._sampler is not None:
@@ -97,13 +100,16 @@ class HostPeakTracker:
             self._sampler = None
         if self._force_sampling or not reset_peak_rss():
             self._sampler = MemorySampler(current_rss)
+            (self._start,) = self._sampler.start
+        else:
+            self._start = read_status_bytes("VmRSS")
 
     def read(self) -> MemoryPeak:
         """Peak RSS since the last ``reset`` (without one: VmHWM since process start, which Linux reports as is)."""
         if self._sampler is not None:
             (peak,) = self._sampler.stop()
-            return MemoryPeak(method=SAMPLED_RSS_METHOD, peak_bytes=peak, sampled=True)
-        return MemoryPeak(method=HWM_METHOD, peak_bytes=read_status_bytes("VmHWM"))
+            return with_start(MemoryPeak(method=SAMPLED_RSS_METHOD, peak_bytes=peak, sampled=True), self._start)
+        return with_start(MemoryPeak(method=HWM_METHOD, peak_bytes=read_status_bytes("VmHWM")), self._start)
 
 
 def raised_for(exc: BaseException, types: tuple[type[BaseException], ...], messages: Iterable[str]) -> bool:

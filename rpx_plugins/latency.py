@@ -10,6 +10,7 @@ holds no other row's inputs. A batch's time is never divided into per-sample "la
 from __future__ import annotations
 
 import functools
+import math
 import time
 from typing import Any, Callable
 
@@ -23,6 +24,9 @@ from rpx_core.limits import Deadline
 from rpx_core.types.latency import LatencyOptions, LatencyResult, ThroughputResult
 from rpx_plugins.measurement import gc_paused
 
+#: Adaptive sampling judges the interval again once the sample count grew by this factor.
+CHECK_GROWTH = 1.1
+
 
 @attrs.frozen
 class WarmUp:
@@ -35,7 +39,7 @@ class WarmUp:
 class Sampling:
     samples_s: tuple[float, ...]  # one per call, backend clock, seconds
     seconds: float  # host wall time of the whole sampling loop
-    stopped_by: str  # "min_samples" or "max_seconds"
+    stopped_by: str  # "min_samples", "target_width" or "max_seconds"
 
 
 def model_call(backend: Backend, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], Any]:
@@ -60,26 +64,54 @@ def warm_up(call: Callable[[], Any], synchronize: Callable[[], None], calls: int
 
 
 def sample_calls(call: Callable[[], Any], timer: Timer, min_samples: int, max_seconds: float,
-                 deadline: Deadline = Deadline()) -> Sampling:
-    """Time single calls until ``min_samples`` are taken, or ``max_seconds`` or the stage's ``deadline`` passed (at
-    least one is always taken)."""
+                 deadline: Deadline = Deadline(), tight: Callable[[list[float]], bool] | None = None) -> Sampling:
+    """Time single calls until ``min_samples`` are taken (and, with ``tight``, until ``tight(samples)`` holds), or
+    ``max_seconds`` or the stage's ``deadline`` passed (at least one is always taken). ``tight`` is asked at
+    checkpoints growing by :data:`CHECK_GROWTH`, so judging the samples (a sort) costs O(log n) sorts in all."""
     clock = time.perf_counter
     start, stop = timer.start, timer.stop
     samples: list[float] = []
     append = samples.append
     began = clock()
     deadline_at = min(began + max_seconds, began + deadline.remaining())
+    check_at = min_samples
     while True:
         start()
         call()
         append(stop())
-        if len(samples) >= min_samples:
-            stopped_by = "min_samples"
-            break
+        if len(samples) >= check_at:
+            if tight is None:
+                stopped_by = "min_samples"
+                break
+            if tight(samples):
+                stopped_by = "target_width"
+                break
+            check_at = max(len(samples) + 1, math.ceil(len(samples) * CHECK_GROWTH))
         if clock() >= deadline_at:
             stopped_by = "max_seconds"
             break
     return Sampling(tuple(samples), clock() - began, stopped_by)
+
+
+def sampling_seconds(options: LatencyOptions, batch_sizes: tuple[int, ...]) -> float:
+    """The latency samples' share of ``max_seconds``: all of it without throughput rows to measure, else half, so
+    adaptive sampling on a noisy machine leaves the throughput rows their time."""
+    return options.max_seconds / 2 if options.adaptive and batch_sizes else options.max_seconds
+
+
+def interval_is_tight(options: LatencyOptions) -> Callable[[list[float]], bool]:
+    """Whether the median's interval at the options' confidence is within their target relative width."""
+    def tight(samples: list[float]) -> bool:
+        width = relative_width(stats.median_interval(samples, options.interval_confidence), samples)
+        return width is not None and width <= options.target_relative_width
+    return tight
+
+
+def relative_width(interval: tuple[float, float] | None, samples) -> float | None:
+    if interval is None:
+        return None
+    median = stats.percentile(samples, 50)
+    return (interval[1] - interval[0]) / median if median > 0 else None
 
 
 def time_calls(call: Callable[[], Any], timer: Timer, calls: int) -> float:
@@ -172,12 +204,22 @@ def noise_warning(spread: float, threshold: float) -> str | None:
     )
 
 
+def verdict(interval_width: float | None, target: float) -> str:
+    """"too_few_samples" without an interval, "stable" when it is within ``target`` of the median, else "noisy"."""
+    if interval_width is None:
+        return "too_few_samples"
+    return "stable" if interval_width <= target else "noisy"
+
+
 def summarize(sampling: Sampling, warm: WarmUp, options: LatencyOptions, **measured: Any) -> LatencyResult:
-    """Turn batch-1 samples into the result: every percentile only if claimable, the others listed."""
+    """Turn batch-1 samples into the result: every percentile only if claimable, the others listed; the median's
+    interval, its verdict and the outliers counted (kept in every figure)."""
     samples_ms = tuple(seconds * 1e3 for seconds in sampling.samples_s)
     count = len(samples_ms)
     claimed = {f"p{q}_ms": stats.percentile(samples_ms, q) for q in stats.MIN_SAMPLES if stats.claimable(q, count)}
     spread = stats.spread(samples_ms)
+    interval = stats.median_interval(samples_ms, options.interval_confidence)
+    width = relative_width(interval, samples_ms)
     return LatencyResult(
         percentile_method=stats.PERCENTILE_METHOD,
         samples_count=count,
@@ -194,6 +236,14 @@ def summarize(sampling: Sampling, warm: WarmUp, options: LatencyOptions, **measu
         warmup_calls=warm.calls,
         warmup_seconds=warm.seconds,
         samples_ms=samples_ms if options.keep_samples else None,
+        p50_interval_ms=None if interval is None else list(interval),
+        interval_confidence=options.interval_confidence,
+        interval_method=stats.INTERVAL_METHOD,
+        interval_relative_width=width,
+        target_relative_width=options.target_relative_width,
+        verdict=verdict(width, options.target_relative_width),
+        outliers=stats.outliers(samples_ms),
+        outlier_rule=stats.OUTLIER_RULE,
         **claimed,
         **measured,
     )
@@ -214,7 +264,8 @@ def measure_latency(ctx: StageContext) -> LatencyResult:
         backend.reset_peak_memory(device)
         with gc_paused():  # rpx's own collection and reset are not the model's time: the deadline moves past them
             deadline = deadline.extended(time.monotonic() - paused)
-            sampling = sample_calls(call, timer, options.min_samples, options.max_seconds, deadline)
+            sampling = sample_calls(call, timer, options.min_samples, sampling_seconds(options, ctx.job.batch_sizes),
+                                    deadline, interval_is_tight(options) if options.adaptive else None)
         peak = backend.read_peak_memory(device)
         throughput = measure_all_throughput(ctx, options, timer, deadline)
     card = ctx.results.get("system_card")

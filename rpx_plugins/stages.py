@@ -17,8 +17,11 @@ Summary fields (flat, table-friendly; ``docs/migrating.md`` maps the older ``rpx
   precision; ``bottleneck_<gpu>_<precision>`` names what limits it.
 * ``latency_p50_ms`` ...: measured per-call latency at batch 1 (numpy linear-interpolation percentiles);
   ``latency_ms_per_sample`` is the p50 at batch 1 (never a batch's time divided by its size).
+* ``latency_p50_low_ms`` / ``latency_p50_high_ms``: the median's distribution-free confidence interval (95% by
+  default); ``latency_verdict`` is "stable", "noisy" or "too_few_samples"; ``latency_samples`` the sample count.
 * ``throughput_b<N>_samples_per_s``: samples per second measured at batch size N.
-* ``peak_memory_mb``: peak memory of the measured batch-1 region / 1e6 (method in the latency result).
+* ``peak_memory_mb``: peak memory of the measured batch-1 region / 1e6 (method in the latency result);
+  ``peak_increment_mb`` is that peak minus the usage at the region's start: what the measured call itself needed.
 * ``fraction_of_roofline``: bound / measured p50 on the GPU the job ran on (1.0 = at the roofline), only when that
   GPU is in a pack, one precision was bounded and Tier 1 counted batch 1 (latency is always measured at batch 1).
 """
@@ -77,8 +80,18 @@ def latency_fields(latency: LatencyResult, results: Mapping[str, Any]) -> Fields
         value = getattr(latency, f"{name}_ms")
         if value is not None:
             fields[f"latency_{name}_ms"] = value
+    interval = getattr(latency, "p50_interval_ms", None)  # absent from results written before it was recorded
+    if interval is not None:
+        fields["latency_p50_low_ms"], fields["latency_p50_high_ms"] = interval
+        fields["latency_interval_confidence"] = latency.interval_confidence
+    if getattr(latency, "verdict", None) is not None:
+        fields["latency_verdict"] = latency.verdict
+        fields["latency_samples"] = latency.samples_count
+        fields["latency_interval_confidence"] = latency.interval_confidence
     if latency.peak_memory.peak_bytes is not None:
         fields["peak_memory_mb"] = latency.peak_memory.peak_bytes / 1e6
+    if getattr(latency.peak_memory, "increment_bytes", None) is not None:
+        fields["peak_increment_mb"] = latency.peak_memory.increment_bytes / 1e6
     for row in latency.throughput:
         if row.samples_per_s is not None:
             fields[f"throughput_b{row.batch_size}_samples_per_s"] = row.samples_per_s

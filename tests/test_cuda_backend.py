@@ -370,7 +370,7 @@ def test_latency_stage_on_the_gpu(precision):
     seen = set()  # the TF32 switches during each call (the hook is shared by the copy rpx places)
     model.register_forward_pre_hook(lambda *_: seen.add((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)))
     spec = ModelSpec(name="mlp", source="tests:handmade", inputs=(InputSpec((1, 1024)),))
-    options = LatencyOptions(warmup_seconds=0.2, min_samples=200, throughput_seconds=0.2)
+    options = LatencyOptions(warmup_seconds=0.2, min_samples=200, throughput_seconds=0.2, adaptive=False)
     job = Job(spec, "cuda", "cuda:0", precision, ("measure_latency",), {"measure_latency": options}, (), (1, 64))
     before = cuda_backend.read_tf32_settings()
     result = measure_latency(StageContext(job, CudaBackend(), plugins=None, gpu_catalog=None, model_object=model))

@@ -152,7 +152,8 @@ def test_backend_inference_and_refusals_are_one_line_naming_the_forms():
     with pytest.raises(UnsupportedError, match=r"accepted forms: .*flax nnx Module \[jax\].*Equinox Module"):
         rpx.profile(object(), inputs=[(1, 4)])
     torch = pytest.importorskip("torch")
-    result = rpx.profile(torch.nn.Linear(4, 2), inputs=[(1, 4)], stages=["count_params"], backend="jax")
+    result = rpx.profile(torch.nn.Linear(4, 2), inputs=[(1, 4)], stages=["count_params"], backend="jax",
+                         partial=True)
     assert "is a torch.nn.Module model, which 'torch' backends run" in result.stages["count_params"].error
 
 

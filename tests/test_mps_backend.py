@@ -143,7 +143,8 @@ def test_memory_is_never_sampled_while_a_call_is_timed(mps, monkeypatch):
     monkeypatch.setattr(torch.mps, "current_allocated_memory", counted)
     model = Slow(mps, 50 * MB, (2 * MB,))
     spec = ModelSpec(name="sim", source="tests:fake", input_factory="tests.fake_gpu:TOKENS")
-    options = LatencyOptions(warmup_calls=2, warmup_seconds=0.0, min_samples=20, throughput_seconds=0.03)
+    options = LatencyOptions(warmup_calls=2, warmup_seconds=0.0, min_samples=20, throughput_seconds=0.03,
+                             adaptive=False)
     job = Job(spec, "mps", "mps", "fp32", ("measure_latency",), {"measure_latency": options}, (), (1, 4))
     result = measure_latency(StageContext(job, MpsBackend(), plugins=None, gpu_catalog=None, model_object=model))
     assert result.samples_count == 20 and result.peak_memory.sampled

@@ -111,6 +111,20 @@ def test_the_example_plugin_imports_only_the_public_surface():
         assert rpx_imports(path) <= {"rpx_core.plugin"}, path
 
 
+def test_the_plugins_written_from_the_guide_import_only_the_public_surface(tmp_path):
+    """The guide's walk-through plugin (as extracted from docs/plugins.md; its own tests may also use the testing
+    helper) and the independent one in the tests."""
+    from tests.test_plugin_guide import FLEET, write_walkthrough_files
+
+    guide_files = [path for path in write_walkthrough_files(tmp_path) if path.suffix == ".py"]
+    fleet_files = list((FLEET / "rpx_fleet").rglob("*.py"))
+    assert {path.name for path in guide_files} >= {"plugin.py", "ops.py"} and len(fleet_files) >= 2
+    for path in [*guide_files, *fleet_files]:
+        allowed = {"rpx_core.plugin", "rpx_core.testing"} if path.parent.name == "tests" else {"rpx_core.plugin"}
+        assert rpx_imports(path) <= allowed, path
+    assert any(rpx_imports(path) == {"rpx_core.plugin"} for path in guide_files)  # the check sees the imports
+
+
 def test_the_public_surface_exports_what_it_lists():
     import rpx_core.plugin as surface
 
@@ -153,6 +167,15 @@ def test_the_testing_helper_runs_a_hook_without_a_run():
     flops = run_stage("count_flops", ctx)
     assert flops.macs == 4 * 16 * 8 and ctx.options("count_flops").count_on == "auto"
     assert ctx.precision.element_bytes == 4 and ctx.precision.dtype("torch") == "float32"
+
+
+def test_the_testing_helper_takes_the_spec_backend_by_name():
+    import torch
+
+    ctx = make_context(torch.nn.Linear(16, 8), inputs=[(1, 16)], backend="cpu", stages=["count_params"])
+    assert ctx.backend.name == ctx.job.backend == "cpu"
+    with pytest.raises(SpecError, match=r"make_context\(\): backend: 'no-such' not recognized. Choose one of: cpu"):
+        make_context(torch.nn.Linear(16, 8), inputs=[(1, 16)], backend="no-such", stages=["count_params"])
 
 
 # -- defensive, diagnosable loading -----------------------------------------------------------------------------------

@@ -178,6 +178,9 @@ class CountOptions:
     #: "meta": build the model on the meta device (no weights allocated, any size fits); "device": count a real pass on
     #: the job's device; "auto": meta, falling back to the device when the model cannot be built or run on meta.
     count_on: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "meta", "device")))
+    #: Module mode of the counted pass: "eval" (as measured; dropout is a no-op, batch norm uses its running statistics)
+    #: or "train" (dropout masks and batch-norm statistics are counted), for factories' models and live objects alike.
+    mode: str = attrs.field(default="eval", validator=_one_of("eval", "train"))
     backward: bool = False  # count forward + backward (gradient of the summed outputs) instead of forward only
     #: Batch size of the counted pass; None counts the inputs as the spec writes them (an input_factory gets 1).
     batch_size: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))

@@ -38,6 +38,15 @@ class LatencyOptions:
     keep_samples: bool = False
     #: Spread (IQR / median) above which the result carries a noisy-machine warning.
     noise_threshold: float = attrs.field(default=0.1, validator=_positive)
+    #: The median's confidence interval counts as tight when (high - low) / p50 is at most this: the verdict is
+    #: "stable" then, else "noisy".
+    target_relative_width: float = attrs.field(default=0.05, validator=_positive)
+    #: Confidence of the median's interval (distribution-free, from order statistics; see rpx_core.stats).
+    interval_confidence: float = attrs.field(default=0.95, validator=[_positive, attrs.validators.lt(1)])
+    #: Keep sampling past ``min_samples`` until the interval is tight or the sampling's share of ``max_seconds``
+    #: passed (all of it, or half when throughput batch sizes are to be measured too); false: stop at
+    #: ``min_samples`` whatever the interval (the verdict still says how tight it is).
+    adaptive: bool = True
 
 
 @attrs.frozen
@@ -70,7 +79,9 @@ class LatencyResult:
     clock: str  # how each call was timed ("perf_counter", "cuda events", ...), synchronised on both ends
     samples_count: int  # timed batch-1 calls
     sampling_seconds: float  # host wall time spent taking them
-    stopped_by: str  # "min_samples" (enough samples) or "max_seconds" (time cap reached first)
+    #: "target_width" (min_samples taken and the median's interval tight), "min_samples" (adaptive = false) or
+    #: "max_seconds" (time cap reached first)
+    stopped_by: str
     p50_ms: float  # median of the per-call samples
     mean_ms: float
     std_ms: float  # population standard deviation (ddof=0)
@@ -91,3 +102,16 @@ class LatencyResult:
     samples_ms: tuple[float, ...] | None = None  # every sample in order, when keep_samples = true
     measured_batch_size: int = 1  # latency is always per call at batch 1
     system_summary: str | None = None  # the system card's one-line summary, when system_card ran
+    #: [low, high] of the median's distribution-free confidence interval (ms); None with too few samples for one.
+    #: Results written before rpx recorded it lack it, and the fields below, too.
+    p50_interval_ms: list[float] | None = None
+    interval_confidence: float = 0.95
+    interval_method: str | None = None
+    #: (high - low) / p50 of the interval; None without one.
+    interval_relative_width: float | None = None
+    target_relative_width: float | None = None
+    #: "stable" (interval within target_relative_width), "noisy" (wider), "too_few_samples" (no interval at the
+    #: confidence: fewer than 6 samples at 95%).
+    verdict: str | None = None
+    outliers: int | None = None  # samples beyond outlier_rule's fences: counted, and kept in every figure above
+    outlier_rule: str | None = None

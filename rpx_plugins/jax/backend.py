@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import attrs
 
-from rpx_core.backends import Availability, Backend, MemoryPeak, Timer
+from rpx_core.backends import Availability, Backend, MemoryPeak, Timer, with_start
 from rpx_core.errors import BackendUnavailable, UnsupportedError
 from rpx_core.hookspecs import hookimpl
 from rpx_core.precision import PRECISIONS
@@ -44,7 +44,10 @@ COUNT_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16"
 #: Seed of the fixed key every input is drawn from, so runs see the same inputs.
 INPUT_SEED = 0
 #: How ``read_peak_memory`` describes the device allocator's peak (JAX cannot reset it).
-DEVICE_PEAK_RAISED = "device.memory_stats()['peak_bytes_in_use'], raised during the region, so it is the region's peak"
+DEVICE_PEAK_RAISED = (
+    "device.memory_stats()['peak_bytes_in_use'], raised during the region, so it is the region's peak; start: "
+    "memory_stats()['bytes_in_use'] at the reset"
+)
 DEVICE_PEAK_NOT_RAISED = (
     "no reading: JAX cannot reset device.memory_stats()['peak_bytes_in_use'] and the region did not exceed the "
     "earlier peak, so the region's own peak is unknown"
@@ -151,7 +154,8 @@ def device_name(device: Any) -> str:
     return f"{device.platform}:{jax.devices(device.platform).index(device)}"
 
 
-def device_peak(stats: dict[str, Any] | None, platform: str, peak_at_reset: int | None) -> MemoryPeak:
+def device_peak(stats: dict[str, Any] | None, platform: str, peak_at_reset: int | None,
+                start_bytes: int | None = None) -> MemoryPeak:
     """The region's peak from the XLA allocator's statistics (GPU/TPU), which only a region that raised the
     process-wide peak can give; otherwise no figure rather than a stale one. Platforms without them say so."""
     if not stats or "peak_bytes_in_use" not in stats:
@@ -160,7 +164,7 @@ def device_peak(stats: dict[str, Any] | None, platform: str, peak_at_reset: int 
     if peak_at_reset is None:
         return MemoryPeak(method=DEVICE_PEAK_NO_REGION, peak_bytes=peak)
     if peak > peak_at_reset:
-        return MemoryPeak(method=DEVICE_PEAK_RAISED, peak_bytes=peak)
+        return with_start(MemoryPeak(method=DEVICE_PEAK_RAISED, peak_bytes=peak), start_bytes)
     return MemoryPeak(method=DEVICE_PEAK_NOT_RAISED)
 
 
@@ -225,6 +229,7 @@ class JaxBackend(Backend):
     def __init__(self) -> None:
         self._host_peak = HostPeakTracker()
         self._device_peak_at_reset: int | None = None
+        self._device_start: int | None = None  # bytes_in_use at the reset
 
     def probe(self) -> Availability:
         # find_spec first: without jax the probe must not pay for (or fail at) an import.
@@ -306,6 +311,7 @@ class JaxBackend(Backend):
             return
         stats = target.memory_stats() or {}
         self._device_peak_at_reset = stats.get("peak_bytes_in_use")
+        self._device_start = stats.get("bytes_in_use")
 
     def read_peak_memory(self, device: str) -> MemoryPeak:
         """CPU: the process's peak RSS (JAX's host buffers live there; memory_stats() is None on CPU). GPU/TPU: the
@@ -313,7 +319,7 @@ class JaxBackend(Backend):
         target = resolve_device(device)
         if target.platform == "cpu":
             return self._host_peak.read()
-        return device_peak(target.memory_stats(), target.platform, self._device_peak_at_reset)
+        return device_peak(target.memory_stats(), target.platform, self._device_peak_at_reset, self._device_start)
 
     def device_memory_bytes(self, device: str) -> int | None:
         """Host RAM on CPU; the XLA allocator's ``bytes_limit`` on GPU/TPU where the platform reports it."""

@@ -57,17 +57,30 @@ def make_tensor(spec_input: InputSpec, batch_size: int | None, precision: str, d
 def make_inputs(
     model: ModelSpec, batch_size: int | None, precision: str, device: str
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Inputs from shapes (``batch_size`` None: as written), or from the model's input_factory(batch_size=, device=,
-    dtype=), which gets 1 for None."""
+    """Inputs from shapes (``batch_size`` None: as written; a named input is passed as that keyword argument), or
+    from the model's input_factory(batch_size=, device=, dtype=), which gets 1 for None (see factory_inputs)."""
     if model.input_factory:
         factory = load_callable(model.input_factory, what=f"model {model.name!r} input_factory")
         made = factory(batch_size=batch_size or 1, device=device, dtype=torch_dtype(precision))
-        if isinstance(made, tuple) and len(made) == 2 and isinstance(made[1], dict):
-            return tuple(made[0]), dict(made[1])
-        return (tuple(made) if isinstance(made, (tuple, list)) else (made,)), {}
+        return factory_inputs(made)
     args = tuple(make_tensor(i, batch_size, precision, device) for i in model.inputs if i.name is None)
     kwargs = {i.name: make_tensor(i, batch_size, precision, device) for i in model.inputs if i.name is not None}
     return args, kwargs
+
+
+def factory_inputs(made: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """An input_factory's return value as (positional, keyword) inputs. Its forms: a dict (keyword arguments, as
+    Hugging Face models take them), a pair (a tuple or list of positional inputs, a dict of keyword arguments), a
+    tuple or list (positional inputs), or one object (the only positional input)."""
+    if isinstance(made, dict):
+        return (), dict(made)
+    if isinstance(made, (tuple, list)) and len(made) == 2 and isinstance(made[0], (tuple, list)) and isinstance(made[1], dict):
+        return tuple(made[0]), dict(made[1])
+    return (tuple(made) if isinstance(made, (tuple, list)) else (made,)), {}
+
+
+#: torch dtype name -> the precision a live module holding weights of that dtype is counted at (float32: fp32, not tf32).
+OBJECT_PRECISIONS = {dtype: name for name, dtype in reversed(EXECUTION_DTYPES.items())}
 
 
 class TorchBackend(Backend):
@@ -83,6 +96,15 @@ class TorchBackend(Backend):
         if kind == self.name and (not index or index.isdigit()):
             return None
         return f"{device!r} is not a device of backend {self.name!r} (expected {self.name!r} or '{self.name}:<index>')"
+
+    def object_precision(self, model: Any) -> str | None:
+        """The precision of a module's first floating parameter (fp32, fp16 or bf16); None for other objects."""
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            return None
+        floating = next((p for p in model.parameters() if p.is_floating_point()), None)
+        return None if floating is None else OBJECT_PRECISIONS.get(str(floating.dtype).removeprefix("torch."))
 
     def place_model(self, model: Any, precision: str, device: str) -> Any:
         import torch

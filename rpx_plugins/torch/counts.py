@@ -7,7 +7,9 @@ depend on which. One counting pass per job feeds both ``count_flops`` and ``esti
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import copy
+from typing import Any, Iterator
 
 import attrs
 
@@ -58,17 +60,35 @@ def meta_model(ctx: StageContext) -> Any:
     return ctx.cache["meta_model"]
 
 
-def given_object(ctx: StageContext) -> tuple[Any, str]:
-    """A live model passed through the Python API is counted as it is; its dtype must match the precision."""
+def live_copy(ctx: StageContext, meta: bool) -> Any:
+    """A copy of the live model object passed through the Python API (the caller's model is never changed), at the
+    job's precision (or its stand-in): on the meta device when ``meta`` (see meta_copy), else where the object is."""
     from rpx_plugins.torch.backend import torch_dtype
+    from rpx_plugins.torch.counter import as_module
 
-    model = ctx.model_object
-    floating = [p for p in model.parameters() if p.is_floating_point()]
-    expected = torch_dtype(counted_precision(ctx.job.precision))
-    if floating and floating[0].dtype != expected:
-        raise UnsupportedError(f"the model object holds {floating[0].dtype} weights but precision is {ctx.job.precision!r} "
-                               f"(counted with {expected} weights); cast the model or pass the matching precision")
-    return model, (str(floating[0].device) if floating else ctx.job.device)
+    model = as_module(ctx.adapt(ctx.model_object))  # a plain function: a module without weights
+    copied = meta_copy(model) if meta else copy.deepcopy(model)
+    return copied.to(dtype=torch_dtype(counted_precision(ctx.job.precision)))
+
+
+def meta_copy(model: Any) -> Any:
+    """A copy of ``model`` whose parameters and buffers are meta tensors of the same shapes and dtypes, made without
+    copying their data (tied parameters stay tied). Tensors held outside parameters and buffers are copied as they
+    are, so a forward that mixes them with the meta weights fails, and ``count_on = "auto"`` counts on the device."""
+    import torch
+
+    memo: dict[int, Any] = {}
+    for param in model.parameters():
+        memo[id(param)] = torch.nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+    for buffer in model.buffers():
+        memo[id(buffer)] = buffer.detach().to("meta")
+    return copy.deepcopy(model, memo)
+
+
+def object_device(model: Any, default: str) -> str:
+    """Where a live module's weights are (a copy is counted there when it is not counted on meta)."""
+    first = next(model.parameters(), None)
+    return str(first.device) if first is not None else default
 
 
 def count(ctx: StageContext) -> Any:
@@ -83,30 +103,51 @@ def count(ctx: StageContext) -> Any:
 
 
 def counted_where_asked(ctx: StageContext, options: CountOptions) -> tuple[Any, str | None]:
-    """The counted pass, and why it ran on the device when meta was asked for (None when it was not)."""
-    if ctx.model_object is not None:
-        model, device = given_object(ctx)
-        return count_pass(ctx, model, device, options), None
+    """The counted pass, and why it ran on the device when meta was asked for (None when it was not). A live object
+    is counted like a factory's model: a copy of it moved to meta, or placed on its device."""
     stand_in = ctx.job.precision in STAND_INS
     if options.count_on == "device":
         if stand_in:
             raise UnsupportedError(f"precision {ctx.job.precision!r} is counted on the meta device only (torch backends "
                                    "cannot execute it); set [options.count_flops] count_on = \"meta\" or \"auto\"")
-        return count_pass(ctx, ctx.model(), ctx.job.device, options), None
+        return count_pass(ctx, *device_model(ctx), options), None
     try:
-        return count_pass(ctx, meta_model(ctx), "meta", options), None
+        model = live_copy(ctx, meta=True) if ctx.model_object is not None else meta_model(ctx)
+        return count_pass(ctx, model, "meta", options), None
     except META_FAILURES as error:
         if options.count_on == "meta" or ctx.job.model.meta_only or stand_in:
             raise
         ctx.cache.pop("meta_model", None)
-        report = count_pass(ctx, ctx.model(), ctx.job.device, options)
+        report = count_pass(ctx, *device_model(ctx), options)
         return report, f"could not count on meta: {describe(error)}; counted on {report.flops.counted_on}"
+
+
+def device_model(ctx: StageContext) -> tuple[Any, str]:
+    """The model counted on a real device: a copy of a live object where the object is (its device need not be the
+    job's), else the job's placed model."""
+    if ctx.model_object is not None:
+        model = live_copy(ctx, meta=False)
+        return model, object_device(model, ctx.job.device)
+    return ctx.model(), ctx.job.device
 
 
 def describe(error: BaseException) -> str:
     """``Type: first line of the message``, short enough for a result field."""
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+@contextlib.contextmanager
+def module_mode(model: Any, training: bool) -> Iterator[None]:
+    """``model`` (every submodule) in training or eval mode for the counted pass, each submodule's own mode put back
+    after it: the placed model is shared with the stages that measure it in eval mode."""
+    before = [(module, module.training) for module in model.modules()]
+    model.train(training)
+    try:
+        yield
+    finally:
+        for module, was_training in before:
+            module.training = was_training
 
 
 def count_pass(ctx: StageContext, model: Any, device: str, options: CountOptions) -> Any:
@@ -117,7 +158,7 @@ def count_pass(ctx: StageContext, model: Any, device: str, options: CountOptions
 
     precision = ctx.job.precision
     args, kwargs = make_inputs(ctx.job.model, options.batch_size, counted_precision(precision), device)
-    with torch.no_grad():
+    with torch.no_grad(), module_mode(model, training=options.mode == "train"):
         return count_model(model, args, kwargs, backward=options.backward, top_k=options.top_k,
                            module_depth=options.module_depth, formulas=ctx.plugins.op_formulas(),
                            attention_backward=options.attention_backward, element_sizes=element_sizes(precision))
@@ -130,7 +171,13 @@ def rpx_count_params(ctx: StageContext) -> ParamsResult | None:
     from rpx_plugins.torch.params import count_parameters
 
     if ctx.model_object is not None:
-        return count_parameters(ctx.model_object, ctx.job.precision)
+        import torch
+
+        model = ctx.adapt(ctx.model_object)
+        if not isinstance(model, torch.nn.Module):
+            raise UnsupportedError(f"model {ctx.job.model.name!r} is a plain function: tensors it closes over are not "
+                                   "parameters rpx can see; wrap it in a torch.nn.Module to count them")
+        return count_parameters(model, ctx.job.precision)
     try:
         model = meta_model(ctx)
     except META_FAILURES:

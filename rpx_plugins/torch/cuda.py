@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import attrs
 
-from rpx_core.backends import Availability, Backend, MemoryPeak, Timer
+from rpx_core.backends import Availability, Backend, MemoryPeak, Timer, with_start
 from rpx_core.errors import BackendUnavailable, UnsupportedError
 from rpx_core.hookspecs import hookimpl
 from rpx_plugins.host_memory import raised_for
@@ -36,7 +36,8 @@ CUDA_OOM_MESSAGES = (
 )
 PEAK_METHOD = (
     "torch.cuda.max_memory_allocated / max_memory_reserved after reset_peak_memory_stats; outside the allocator: "
-    "mem_get_info (total - free) - memory_reserved when read (CUDA context, library workspaces, other processes)"
+    "mem_get_info (total - free) - memory_reserved when read (CUDA context, library workspaces, other processes); "
+    "start: torch.cuda.memory_allocated at the reset"
 )
 
 
@@ -237,6 +238,8 @@ class CudaBackend(TorchBackend):
         self._tf32: bool | None = None
         #: The allocator cap each device had before rpx set a budget on it, put back when the budget is lifted.
         self._fractions_before: dict[int, float] = {}
+        #: Allocated bytes when each device's current region started (reset_peak_memory).
+        self._region_start: dict[str, int] = {}
 
     def probe(self) -> Availability:
         if importlib.util.find_spec("torch") is None:
@@ -299,18 +302,20 @@ class CudaBackend(TorchBackend):
 
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+        self._region_start[device] = torch.cuda.memory_allocated(device)
 
     def read_peak_memory(self, device: str) -> MemoryPeak:
         import torch
 
         torch.cuda.synchronize(device)
         free, total = torch.cuda.mem_get_info(device)
-        return MemoryPeak(
+        peak = MemoryPeak(
             method=PEAK_METHOD,
             peak_bytes=torch.cuda.max_memory_allocated(device),
             reserved_bytes=torch.cuda.max_memory_reserved(device),
             outside_allocator_bytes=(total - free) - torch.cuda.memory_reserved(device),
         )
+        return with_start(peak, self._region_start.get(device))
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
         import torch

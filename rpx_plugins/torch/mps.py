@@ -18,7 +18,7 @@ import os
 import threading
 from typing import Any
 
-from rpx_core.backends import Availability, Backend, MemoryPeak, Timer
+from rpx_core.backends import Availability, Backend, MemoryPeak, Timer, with_start
 from rpx_core.errors import UnsupportedError
 from rpx_core.hookspecs import hookimpl
 from rpx_plugins.host_memory import SAMPLE_INTERVAL_S, MemorySampler, raised_for
@@ -30,7 +30,7 @@ MPS_OOM_MESSAGES = ("MPS backend out of memory", "Invalid buffer size")
 PEAK_METHOD = (
     f"max of torch.mps.current_allocated_memory (peak) and driver_allocated_memory (reserved), sampled every "
     f"{SAMPLE_INTERVAL_S * 1e3:g} ms on a background thread until the region's first timed call, then read at the "
-    "start and end of each timed call (never sampled while a call is timed)"
+    "start and end of each timed call (never sampled while a call is timed); start: the first sample"
 )
 #: torch's starting cap for the MPS allocator when PYTORCH_MPS_HIGH_WATERMARK_RATIO is unset.
 DEFAULT_HIGH_WATERMARK_RATIO = 1.7
@@ -69,6 +69,7 @@ class MpsRegion:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sampler: MemorySampler | None = MemorySampler(mps_memory)
+        self.start: tuple[int, ...] = self._sampler.start
         self._peak = (0, 0)
 
     def _merge(self, reading: tuple[int, ...]) -> None:
@@ -175,7 +176,8 @@ class MpsBackend(TorchBackend):
             return MemoryPeak(method="not measured: reset_peak_memory was not called before the region", sampled=True)
         self.synchronize(device)
         allocated, driver = self.region.read()
-        return MemoryPeak(method=PEAK_METHOD, peak_bytes=allocated, reserved_bytes=driver, sampled=True)
+        peak = MemoryPeak(method=PEAK_METHOD, peak_bytes=allocated, reserved_bytes=driver, sampled=True)
+        return with_start(peak, self.region.start[0])
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
         import torch

@@ -24,7 +24,7 @@ a model returns), ``report`` (results), ``counting`` (the pass itself).
 This package imports torch: import it lazily, inside a stage.
 """
 
-from rpx_plugins.torch.counter.counting import CountingError, build_on_meta, count_model
+from rpx_plugins.torch.counter.counting import CountingError, as_module, build_on_meta, count_model
 from rpx_plugins.torch.counter.formulas import (
     ATTENTION_BACKWARD_CONVENTIONS,
     CAUSAL_MASK_CONVENTION,
@@ -43,6 +43,7 @@ __all__ = [
     "CountReport",
     "CountingError",
     "OpCall",
+    "as_module",
     "build_on_meta",
     "count_model",
 ]

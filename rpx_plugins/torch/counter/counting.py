@@ -46,14 +46,34 @@ class CountingMode(TorchDispatchMode):
 
 
 def meta_error(op: str, error: BaseException) -> CountingError:
+    if "expected device" in str(error) or "same device" in str(error):
+        why = ("it mixes meta tensors with tensors on a real device (a tensor the model holds outside its parameters "
+               "and buffers, or makes on a fixed device)")
+    else:
+        why = "its result depends on tensor values (.item(), nonzero, boolean masks, unique, ...), and meta tensors have none"
     return CountingError(
-        f"cannot count {op} on the meta device: its result depends on tensor values (.item(), nonzero, boolean "
-        f"masks, unique, ...), and meta tensors have none. Count this model on a real device instead (e.g. build it "
+        f"cannot count {op} on the meta device: {why}. Count this model on a real device instead (e.g. build it "
         f"and its inputs on 'cpu', with small inputs if memory is short). Underlying error: {error}"
     )
 
 
 Model = TypeVar("Model", bound=torch.nn.Module)
+
+
+class FunctionModule(torch.nn.Module):
+    """A plain function as a module without parameters, so the counter can count it like any model."""
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.function(*args, **kwargs)
+
+
+def as_module(model: Callable[..., Any]) -> torch.nn.Module:
+    """``model`` itself when it is a module, else a FunctionModule calling it."""
+    return model if isinstance(model, torch.nn.Module) else FunctionModule(model)
 
 
 def build_on_meta(factory: Callable[..., Model], **kwargs: Any) -> Model:
