@@ -1,4 +1,5 @@
-"""Executors: where a task's stages run, and what happens when user code crashes, hangs, exits or is interrupted.
+"""Runners: how a task's stages run on this machine, and what happens when user code crashes, hangs, exits or is
+interrupted.
 
 A runner has one method, ``run(task, report)``: run the :class:`rpx_core.worker.Task` (pure data) and call
 ``report`` with each :class:`~rpx_core.worker.Started` / :class:`~rpx_core.worker.Finished` event, in rpx's own
@@ -12,7 +13,8 @@ reported as interrupted and ``run`` raises :class:`rpx_core.interrupts.Interrupt
 * :class:`InProcessExecutor`: everything in this process (debuggers; live model objects from the Python API). Time
   limits interrupt Python code through SIGALRM (main thread only); a crash in user code ends rpx.
 
-Another executor (a cluster) implements the same ``run`` and calls :func:`rpx_core.worker.execute` where it runs.
+Which task runs when, and on which machine, is for the executors of :mod:`rpx_core.scheduling` (plugins) to decide;
+they run a task here through one of these runners, or elsewhere with :func:`rpx_core.scheduling.run_task_elsewhere`.
 """
 
 from __future__ import annotations
