@@ -7,6 +7,10 @@ plain forward and FlopCounterMode take meta's unfused math path (more ops), so r
 attention models. Rounds alternate the three so drift hits all alike; each round repeats a call enough times to last
 about 0.1 s (small models run in milliseconds, below timer and scheduler noise); the median round is reported, per call.
 
+A second table times a whole job through the engine, ``rpx.profile`` with Tier 1 + roofline (plan, stage records,
+results, summary: everything a job costs besides its count), against FlopCounterMode on the same Llama-2-7B-width
+meta model at 8 and 32 layers. Target: rpx.profile / FlopCounterMode <= 1.0 from 8 layers up.
+
 Run: python bench/bench_tier1.py [rounds]   (with the repository on PYTHONPATH, or rpx installed)
 """
 
@@ -21,6 +25,8 @@ import torch
 from machine import describe_machine
 from torch.utils.flop_counter import FlopCounterMode
 
+import rpx_core as rpx
+from rpx_core.plugins import Plugins
 from rpx_plugins.torch import zoo as model_zoo
 from rpx_plugins.torch.counter import build_on_meta, count_model
 
@@ -67,5 +73,34 @@ def main(rounds: int) -> None:
         print(f"{label:<38} {plain:>9.3f} {fcm:>18.3f} {rpx:>9.3f} {rpx / fcm:>10.2f}")
 
 
+def whole_job(rounds: int) -> None:
+    """rpx.profile (Tier 1 + roofline, in this process) against FlopCounterMode on 7B-width Llama configs."""
+    import attrs
+
+    plugins = Plugins.load()
+    print(f"\n{'whole job: llama2-7b width, seq 512':<38} {'FlopCounterMode s':>18} {'rpx.profile s':>14} {'ratio':>7}")
+    for layers in (8, 32):
+        config = attrs.evolve(model_zoo.LLAMA_PRESETS["llama2-7b"], n_layers=layers)
+        model = build_on_meta(model_zoo.Llama, config=config).eval()
+        inputs = model.example_inputs(batch=1, seq_len=512)
+        shape = {"shape": [1, 512], "dtype": "int64", "high": config.vocab}
+
+        def profile() -> object:
+            return rpx.profile(model, inputs=[shape], stages=["count_params", "roofline"], gpus=["H100-SXM"],
+                               options={"count_flops": {"count_on": "meta"}}, plugins=plugins)
+
+        profile()  # warm both paths once
+        with torch.no_grad():
+            flop_counter_mode(model, inputs)
+        timings: dict[str, list[float]] = {"fcm": [], "rpx": []}
+        for _ in range(rounds):
+            with torch.no_grad():
+                timings["fcm"].append(seconds(lambda: flop_counter_mode(model, inputs)))
+            timings["rpx"].append(seconds(profile))
+        fcm, whole = statistics.median(timings["fcm"]), statistics.median(timings["rpx"])
+        print(f"{f'{layers} layers':<38} {fcm:>18.3f} {whole:>14.3f} {whole / fcm:>7.2f}")
+
+
 if __name__ == "__main__":
     main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
+    whole_job(int(sys.argv[1]) if len(sys.argv) > 1 else 5)

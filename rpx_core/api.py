@@ -10,12 +10,10 @@ import attrs
 from rpx_core import results as results_io
 from rpx_core.adapters import adapter_for, infer_backend
 from rpx_core.checks import run_problems
-from rpx_core.convert import converter, structure
 from rpx_core.errors import RpxError, SpecError, StageFailed
-from rpx_core.limits import Execution
 from rpx_core.loading import load_callable
 from rpx_core.pipeline import Listener, Observer, run_plan
-from rpx_core.plan import make_plan
+from rpx_core.plan import Plan, make_plan
 from rpx_core.plugins import Plugins
 from rpx_core.results import ModelResult, RunResult
 from rpx_core.sources import split
@@ -47,19 +45,29 @@ def run_spec(
     ``resume`` continues the run already in ``output`` (see rpx_core.resume). ``where`` names the spec in problem
     lines (default: ``spec_path``)."""
     plugins = plugins or Plugins.load()
-    if execution:
-        spec = attrs.evolve(spec, execution=structure({**converter.unstructure(spec.execution), **execution}, Execution,
-                                                      where=spec_path or "<spec>", base_path="execution"))
-    if spec.backend_inferred:
-        spec = with_inferred_backend(spec, plugins, model_objects or {})
     where = where or spec_path or "<spec>"
-    plan = make_plan(spec, plugins, where=where, stages=tuple(stages) if stages is not None else None)
+    plan = plan_spec(spec, plugins, stages=stages, execution=execution, spec_path=spec_path,
+                     model_objects=model_objects, where=where)
+    spec = plan.spec
     path = spec.output_path() if output is DEFAULT else (Path(output) if output is not None else None)
     problems = run_problems(spec, plan, plugins, where=where, output=path, spec_path=spec_path)
     if problems:
         raise SpecError("\n".join(problems))
     return run_plan(plan, plugins, output=path, fmt=fmt, spec_path=spec_path, model_objects=model_objects,
                     listener=listener, resume=resume, observer=observer)
+
+
+def plan_spec(spec: Spec, plugins: Plugins, *, stages: Sequence[str] | None = None,
+              execution: Mapping[str, Any] | None = None, spec_path: str | None = None,
+              model_objects: dict[str, Any] | None = None, where: str | None = None) -> Plan:
+    """The plan a run of ``spec`` would follow (its jobs: one per model, or per point of a sweep), with
+    ``execution`` overriding keys of its ``[execution]`` table; nothing runs (``rpx run --dry-run``). ``where``
+    names the spec in problem lines (default: ``spec_path``)."""
+    where = where or spec_path or "<spec>"
+    spec = spec.with_execution(dict(execution or {}), where)
+    if spec.backend_inferred:
+        spec = with_inferred_backend(spec, plugins, model_objects or {})
+    return make_plan(spec, plugins, where=where, stages=tuple(stages) if stages is not None else None)
 
 
 def with_inferred_backend(spec: Spec, plugins: Plugins, model_objects: dict[str, Any]) -> Spec:

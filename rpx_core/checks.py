@@ -22,8 +22,9 @@ from rpx_core.safe_write import OutputError, check_target
 
 
 def validate(path: str | Path, plugins: Any, *, stages: tuple[str, ...] | None = None,
-             output: Path | None = None) -> tuple[Any, Any]:
-    """Load the spec at ``path`` and plan it; raise one SpecError listing every problem. Returns (spec, plan)."""
+             output: Path | None = None, execution: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """Load the spec at ``path`` (``execution`` overriding keys of its ``[execution]`` table) and plan it; raise one
+    SpecError listing every problem. Returns (spec, plan)."""
     from rpx_core.plan import plan_with_problems
     from rpx_core.spec import read_spec_data, structure_spec
 
@@ -31,6 +32,8 @@ def validate(path: str | Path, plugins: Any, *, stages: tuple[str, ...] | None =
     data = read_spec_data(path)
     spec, problems = structure_spec(data, where=str(path), base_dir=str(path.parent), default_name=path.stem)
     plan = None
+    if spec is not None and not problems:
+        spec = spec.with_execution(execution, str(path))
     if spec is not None:
         plan, plan_problems = plan_with_problems(spec, plugins, where=str(path), stages=stages)
         problems += [line for line in plan_problems if line not in problems]

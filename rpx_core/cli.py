@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--isolation", choices=("auto", "worker", "in-process"),
                      help="run each model job in a worker process (auto, worker) or in rpx's own process (in-process, "
                           "for debugging); default: the spec's [execution] isolation")
+    run.add_argument("--executor", metavar="NAME",
+                     help="where the jobs run: local (default) or one a plugin adds, e.g. ray; default: the spec's "
+                          "[execution] executor")
+    run.add_argument("--dry-run", action="store_true", help="list the jobs (a sweep's points) and exit; run nothing")
     run.add_argument("--stage-timeout", type=float, metavar="SECONDS", help="kill and record a stage past this")
     run.add_argument("--job-timeout", type=float, metavar="SECONDS", help="kill and record a model job past this")
     run.add_argument("-q", "--quiet", action="store_true", help="print nothing but failed stages and the results path")
@@ -86,16 +90,24 @@ def add_common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> No
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rpx_core.api import run_spec
+    from rpx_core.api import plan_spec, run_spec
     from rpx_core.checks import validate
     from rpx_core.console import RunConsole, choose_mode, print_tables
 
     plugins = load_plugins(args)
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip()) if args.stages is not None else None
-    spec, _ = validate(args.spec, plugins, stages=stages, output=Path(args.output) if args.output else None)
-    output = Path(args.output) if args.output else spec.output_path()
     overrides = {key: value for key, value in (("isolation", args.isolation), ("stage_timeout", args.stage_timeout),
-                                               ("job_timeout", args.job_timeout)) if value is not None}
+                                               ("job_timeout", args.job_timeout), ("executor", args.executor))
+                 if value is not None}
+    spec, _ = validate(args.spec, plugins, stages=stages, output=Path(args.output) if args.output else None,
+                       execution=overrides)
+    output = Path(args.output) if args.output else spec.output_path()
+    if args.dry_run:
+        from rpx_core.scheduling import job_lines
+
+        planned = plan_spec(spec, plugins, stages=stages, execution=overrides, spec_path=args.spec)
+        print("\n".join(job_lines(planned, plugins)))
+        return EXIT_OK
     console = RunConsole(choose_mode(quiet=args.quiet, events=args.events))
     with console:
         result = run_spec(spec, output=output, fmt=args.format, stages=stages, plugins=plugins, spec_path=args.spec,

@@ -36,6 +36,15 @@ class Job:
     options: dict[str, Any]  # stage name -> structured options object
     gpus: tuple[str, ...]
     batch_sizes: tuple[int, ...]
+    #: Where this job sits in a sweep: "model" and each swept axis (batch_size, seq_len, resolution, precision,
+    #: backend, machine) -> its value; empty outside a sweep (rpx_core.sweep).
+    coordinates: dict[str, Any] = attrs.Factory(dict)
+    machine: str | None = None  # the GPU model measured stages must run on (a sweep's machine axis); None: any
+
+    @property
+    def name(self) -> str:
+        """The job's name in results: its model's name, with the sweep coordinates for a point of a sweep."""
+        return self.model.name
 
 
 @attrs.define

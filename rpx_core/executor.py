@@ -1,6 +1,7 @@
-"""Executors: where a task's stages run, and what happens when user code crashes, hangs, exits or is interrupted.
+"""Runners: how a task's stages run on this machine, and what happens when user code crashes, hangs, exits or is
+interrupted.
 
-An executor has one method, ``run(task, report)``: run the :class:`rpx_core.worker.Task` (pure data) and call
+A runner has one method, ``run(task, report)``: run the :class:`rpx_core.worker.Task` (pure data) and call
 ``report`` with each :class:`~rpx_core.worker.Started` / :class:`~rpx_core.worker.Finished` event, in rpx's own
 process, in order. Whatever happens to the code it runs, every stage of the task ends up reported: a stage the worker
 died in is failed with the exit code or signal and the tail of the worker's stderr, a stage past its time limit is
@@ -12,7 +13,8 @@ reported as interrupted and ``run`` raises :class:`rpx_core.interrupts.Interrupt
 * :class:`InProcessExecutor`: everything in this process (debuggers; live model objects from the Python API). Time
   limits interrupt Python code through SIGALRM (main thread only); a crash in user code ends rpx.
 
-Another executor (a cluster) implements the same ``run`` and calls :func:`rpx_core.worker.execute` where it runs.
+Which task runs when, and on which machine, is for the executors of :mod:`rpx_core.scheduling` (plugins) to decide;
+they run a task here through one of these runners, or elsewhere with :func:`rpx_core.scheduling.run_task_elsewhere`.
 """
 
 from __future__ import annotations
@@ -36,13 +38,25 @@ from rpx_core.interrupts import Interrupted, signal_of
 from rpx_core.limits import Deadline, Execution
 from rpx_core.progress import Progress
 from rpx_core.results import StageRecord
-from rpx_core.worker import Finished, Report, Setup, StageTimeout, Started, Task, execute, plugin_identity
+from rpx_core.worker import (
+    Finished,
+    Report,
+    Setup,
+    StageTimeout,
+    Started,
+    Task,
+    execute,
+    failed_records,
+    plugin_identity,
+)
 
 #: How much of a dead worker's stderr is kept in its stage record.
 STDERR_TAIL_CHARS = 4000
 
 
-class Executor(Protocol):
+class Runner(Protocol):
+    """Runs one task on this machine (the executors of rpx_core.scheduling decide which task runs when)."""
+
     def run(self, task: Task, report: Report) -> None: ...
 
 
@@ -114,15 +128,29 @@ class WorkerExecutor:
         self.setup = setup
         self.limits = limits
         self.preload = preload  # imported in the zygote before it forks (the backend's worker_preload)
+        self._running: set[Worker] = set()  # workers of tasks running now (several, from an executor's threads)
+        self._lock = threading.Lock()
 
     def run(self, task: Task, report: Report) -> None:
-        worker = Zygote.shared().start(self.preload)
+        worker = Zygote.shared().start(self.preload, self.setup.disabled)
+        with self._lock:
+            self._running.add(worker)
         try:
             worker.connection.send(self.setup)
             worker.connection.send(task)
             _Supervisor(worker, task, report, self.limits).follow()
         finally:
+            with self._lock:
+                self._running.discard(worker)
             worker.close()
+
+    def interrupt(self, signum: int) -> None:
+        """Forward ``signum`` to every running worker: each reports its stage as interrupted and ends its task
+        (for tasks followed from other threads, which never see the main thread's KeyboardInterrupt)."""
+        with self._lock:
+            running = list(self._running)
+        for worker in running:
+            worker.signal(signum)
 
 
 class _Supervisor:
@@ -190,16 +218,10 @@ class _Supervisor:
         stage after it as skipped."""
         self.worker.kill()  # whatever is left of its process group
         tail = self.worker.stderr_tail()
-        remaining = [name for name in self.task.stages if name not in self.finished]
-        if not remaining:
-            return
-        current, *later = remaining
+        remaining = tuple(name for name in self.task.stages if name not in self.finished)
         seconds = round(time.perf_counter() - self.stage_started, 6) if self.stage else None
-        self.report(Finished(current, StageRecord("failed", seconds=seconds, error=error, traceback=traceback,
-                                                  stderr_tail=tail or None)))
-        for name in later:
-            self.report(Finished(name, StageRecord("skipped", error=f"not run: stage {current!r} of this job "
-                                                   f"failed: {error}")))
+        for event in failed_records(remaining, error, seconds=seconds, traceback=traceback, stderr_tail=tail or None):
+            self.report(event)
 
     def _stop(self, signum: int) -> None:
         """Forward the signal, give the worker its grace to report the interrupted stage, then make sure it is gone."""
@@ -305,12 +327,15 @@ class Zygote:
                 atexit.register(cls._shared.close)
             return cls._shared
 
-    def start(self, preload: tuple[str, ...]) -> Worker:
+    def start(self, preload: tuple[str, ...], disabled: tuple[str, ...] = ()) -> Worker:
+        """Fork a worker, importing ``preload`` and loading the plugin set without ``disabled`` in the zygote first
+        (once), so the worker inherits both."""
         ours, theirs = socket.socketpair()
         stderr_read, stderr_write = os.pipe()
+        request = {"op": "fork", "preload": list(preload), "disabled": list(disabled)}
         try:
             with self._lock:
-                socket.send_fds(self.control, [json.dumps({"op": "fork", "preload": list(preload)}).encode()],
+                socket.send_fds(self.control, [json.dumps(request).encode()],
                                 [theirs.fileno(), stderr_write])
                 pid = json.loads(self._reply())["pid"]
         except BaseException:  # interrupted mid-request: its reply would confuse the next one, so start afresh

@@ -71,6 +71,17 @@ def rpx_register_stages() -> list[Stage]:
     """
 
 
+@hookspec
+def rpx_register_executors() -> list[Any]:
+    """Return executors (instances of :class:`rpx_core.plugin.Executor` subclasses): where and when a run's jobs run
+    (``local``: this machine; ``ray``: a Ray cluster). ``[execution] executor`` or ``rpx run --executor`` picks one.
+
+    Called on every plugin; results are collected; a name two plugins register is an error. Import nothing heavy
+    here (``rpx plugins`` calls it): import the cluster library in ``Executor.run``. Example:
+    ``return [DaskExecutor()]``.
+    """
+
+
 # -- stage hooks -------------------------------------------------------------------------------------------------------
 
 

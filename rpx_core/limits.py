@@ -56,6 +56,10 @@ class Execution:
     job_timeout: float = attrs.field(default=4 * 3600.0, validator=seconds_validator())
     #: Seconds an interrupted worker gets to record what its stage finished before it is killed.
     interrupt_grace: float = attrs.field(default=10.0, validator=seconds_validator())
+    #: Which executor runs the jobs (``rpx plugins`` lists them): "local" (this machine) or one a plugin adds ("ray").
+    executor: str = "local"
+    #: The executor's own settings (its options class: local ``workers``; ray ``address``, ``retries``, ...).
+    executor_options: dict[str, Any] = attrs.Factory(dict)
 
 
 @attrs.frozen

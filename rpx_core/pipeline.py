@@ -12,6 +12,7 @@ import datetime
 import platform
 import shlex
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal
 
@@ -19,8 +20,9 @@ import attrs
 
 from rpx_core.checks import run_inputs
 from rpx_core.context import Job
-from rpx_core.errors import BackendUnavailable, RpxError
-from rpx_core.executor import Executor, InProcessExecutor, WorkerExecutor, setup_for
+from rpx_core.convert import structure
+from rpx_core.errors import BackendUnavailable, RpxError, SpecError
+from rpx_core.executor import InProcessExecutor, Runner, WorkerExecutor, setup_for
 from rpx_core.interrupts import signals_raise
 from rpx_core.limits import Execution
 from rpx_core.plan import Plan
@@ -29,9 +31,10 @@ from rpx_core.progress import Progress
 from rpx_core.results import ModelResult, Provenance, RunResult, StageRecord, write
 from rpx_core.resume import Resumed, resume_from
 from rpx_core.safe_write import OutputError, OutputLock
+from rpx_core.scheduling import Environment, Executor, Resources, WorkItem
 from rpx_core.summary import summarise
 from rpx_core.version import __version__
-from rpx_core.worker import Finished, Started, Task, plugin_identity, run_stage
+from rpx_core.worker import Finished, Placed, Started, Task, plugin_identity, run_stage
 
 Listener = Callable[[str, str, StageRecord], None]  # (model or "<run>", stage, record) after each stage
 #: (model or "<run>", event): every event of every stage as it happens (start, progress, end), for live displays.
@@ -46,15 +49,16 @@ class ResultsFile:
     """The run's results, rewritten atomically whenever something new is known, never over an input of the run."""
 
     def __init__(self, run: RunResult, path: Path | None, fmt: Literal["toml", "json"] | None = None,
-                 protected: tuple[Path, ...] = ()) -> None:
+                 protected: tuple[Path, ...] = (), order: tuple[str, ...] = ()) -> None:
         self.run = run
         self.path = path
         self.fmt = fmt
         self.protected = protected
+        self.order = order  # job names in the plan's order
 
-    def update(self, **changes: Any) -> None:
+    def update(self, *, save: bool = True, **changes: Any) -> None:
         self.run = attrs.evolve(self.run, **changes)
-        if self.path is not None:
+        if self.path is not None and save:
             try:
                 write(self.run, self.path, self.fmt, self.protected)
             except OutputError:
@@ -62,14 +66,18 @@ class ResultsFile:
             except OSError as exc:
                 raise OutputError(f"cannot write results to {self.path}: {exc.strerror or exc}") from None
 
-    def put_model(self, model: ModelResult) -> None:
+    def put_model(self, model: ModelResult, *, save: bool = True) -> None:
+        """Add or replace ``model``; a new one goes in the plan's order (``order``), whichever job reports first."""
         models = list(self.run.models)
         index = next((i for i, m in enumerate(models) if m.name == model.name), None)
-        if index is None:
-            models.append(model)
-        else:
+        if index is not None:
             models[index] = model
-        self.update(models=tuple(models))
+        else:
+            rank = {name: position for position, name in enumerate(self.order)}
+            after = rank.get(model.name, len(rank))
+            models.insert(next((i for i, m in enumerate(models) if rank.get(m.name, len(rank)) > after), len(models)),
+                          model)
+        self.update(models=tuple(models), save=save)
 
 
 def run_plan(
@@ -92,11 +100,12 @@ def run_plan(
     ``resume``, what ``output`` already holds from the same spec, rpx and plugins is kept (see rpx_core.resume)."""
     spec = plan.spec
     execution = execution or spec.execution
-    backend = plugins.backend(spec.backend, spec.choose, require_available=False)
-    available = backend.availability
-    reason = f"backend {backend.name!r} is not available on this machine: {available.reason}"
-    if not available.available and spec.on_unavailable == "error":
-        raise BackendUnavailable(reason)
+    backends = {name: plugins.backend(name, spec.choose, require_available=False)
+                for name in dict.fromkeys([spec.backend, *(job.backend for job in plan.jobs)])}
+    unavailable = {name: f"backend {name!r} is not available on this machine: {backend.availability.reason}"
+                   for name, backend in backends.items() if not backend.availability.available}
+    if unavailable and spec.on_unavailable == "error":
+        raise BackendUnavailable(next(iter(unavailable.values())))
     lock = OutputLock(output) if output is not None else contextlib.nullcontext()
     with lock, signals_raise():
         record = provenance(plan, plugins, spec_path)
@@ -105,30 +114,51 @@ def run_plan(
                                result_types) if resume and output is not None else None
         start = attrs.evolve(previous.run, provenance=attrs.evolve(previous.run.provenance, finished=None,
                                                                    command=record.command)) if previous else RunResult(provenance=record)
-        results = ResultsFile(start, output, fmt, run_inputs(plan, spec_path))
+        results = ResultsFile(start, output, fmt, run_inputs(plan, spec_path), tuple(job.name for job in plan.jobs))
         results.update()  # the file exists (and its folder is writable) before anything is measured
-        if not available.available:
-            for job in plan.jobs:
-                skipped = {name: StageRecord("skipped", error=reason) for name in job.stages}
+        for job in plan.jobs:
+            if job.backend in unavailable:
+                skipped = {name: StageRecord("skipped", error=unavailable[job.backend]) for name in job.stages}
                 results.put_model(_model_result(job, skipped, finished=True))
+        if unavailable and all(job.backend in unavailable for job in plan.jobs):
+            reason = unavailable.get(spec.backend) or next(iter(unavailable.values()))
             run_skipped = {name: StageRecord("skipped", error=reason) for name in plan.run_stages}
             results.update(run_stages=run_skipped, provenance=attrs.evolve(results.run.provenance, finished=now()))
             return results.run
+        backends = {name: backend for name, backend in backends.items() if name not in unavailable}
 
-        backend.check_device(plan.jobs[0].device)
-        executor = make_executor(plugins, execution, model_objects, backend.worker_preload)
-        for job in plan.jobs:
-            run_job(job, plan, plugins, executor, results, listener, previous, observer)
+        for job in checked_devices(plan.jobs):
+            if job.backend in backends:
+                backends[job.backend].check_device(job.device)
+        executor, env = choose_executor(plan, plugins, execution, model_objects, backends)
+        run_jobs([job for job in plan.jobs if job.backend not in unavailable], plan, plugins, executor, env, results,
+                 listener, previous, observer)
         for name in plan.run_stages:
-            run_run_stage(name, plan, plugins, executor, results, listener, previous, observer)
+            run_run_stage(name, plan, plugins, env.runner, results, listener, previous, observer)
         results.update(provenance=attrs.evolve(results.run.provenance, finished=now()))
         return results.run
 
 
+def checked_devices(jobs: tuple[Job, ...]) -> list[Job]:
+    """One job per (backend, device) pair, whose device is checked before anything runs."""
+    return list({(job.backend, job.device): job for job in jobs}.values())
+
+
+def choose_executor(plan: Plan, plugins: Plugins, execution: Execution, model_objects: dict[str, Any] | None,
+                    backends: dict[str, Any]) -> tuple[Executor, Environment]:
+    """The executor ``execution`` names, and the environment it runs jobs in (the runner of this machine's jobs)."""
+    executor = plugins.executors()[execution.executor]
+    options = executor_options(executor, execution, plan.where)
+    preload = tuple(dict.fromkeys(module for backend in backends.values() for module in backend.worker_preload))
+    runner = make_executor(plugins, execution, model_objects, preload)
+    setup = runner.setup if isinstance(runner, WorkerExecutor) else None
+    return executor, Environment(setup, execution, options, runner)
+
+
 def make_executor(plugins: Plugins, execution: Execution, model_objects: dict[str, Any] | None,
-                  preload: tuple[str, ...] = ()) -> Executor:
-    """``auto``: a worker process per job, unless the run holds live objects (models or plugins given to the Python
-    API), which only rpx's own process has."""
+                  preload: tuple[str, ...] = ()) -> Runner:
+    """What runs one job on this machine. ``auto`` isolation: a worker process per job, unless the run holds live
+    objects (models or plugins given to the Python API), which only rpx's own process has."""
     live = bool(model_objects) or any(info.distribution == "<runtime>" for info in plugins.infos())
     isolation = execution.isolation if execution.isolation != "auto" else ("in-process" if live else "worker")
     if isolation == "in-process":
@@ -138,40 +168,76 @@ def make_executor(plugins: Plugins, execution: Execution, model_objects: dict[st
     return WorkerExecutor(setup_for(plugins), execution, preload)
 
 
-def run_job(job: Job, plan: Plan, plugins: Plugins, executor: Executor, results: ResultsFile,
-            listener: Listener | None, previous: Resumed | None, observer: Observer | None = None) -> ModelResult:
-    """Run one model's stages; each outcome is recorded and written as soon as it is known."""
-    done = previous.finished_model(job.model.name) if previous else None
+def executor_options(executor: Executor, execution: Execution, where: str) -> Any:
+    """The ``[execution.executor_options]`` table as the executor's options class (SpecError with key paths)."""
+    if executor.options is None:
+        if execution.executor_options:
+            raise SpecError(f"{where}: execution.executor_options: executor {executor.name!r} takes no options")
+        return None
+    return structure(execution.executor_options, executor.options, where=where, base_path="execution.executor_options")
+
+
+def run_jobs(jobs: list[Job], plan: Plan, plugins: Plugins, executor: Executor, env: Environment,
+             results: ResultsFile, listener: Listener | None, previous: Resumed | None,
+             observer: Observer | None = None) -> None:
+    """Hand every unfinished job to the executor; each outcome is recorded and written as soon as it is known, in
+    whatever order and from whatever thread the executor reports it."""
+    lock = threading.RLock()
+    registry = plugins.stages(plan.spec.choose)
+    items = [item for job in jobs
+             if (item := work_item(job, plan, plugins, registry, results, listener, previous, lock,
+                                   observer)) is not None]
+    executor.run(items, env)
+
+
+def work_item(job: Job, plan: Plan, plugins: Plugins, registry: Any, results: ResultsFile, listener: Listener | None,
+              previous: Resumed | None, lock: threading.RLock,
+              observer: Observer | None = None) -> WorkItem | None:
+    """The job as an executor receives it, its model entry written; None when a resumed run already finished it."""
+    done = previous.finished_model(job.name) if previous else None
     if done is not None:
         results.put_model(done)
-        return done
-    records = previous.kept_stages(job.model.name) if previous else {}
-    kept = dict(records)
-    model = _model_result(job, records)
-    results.put_model(model)
+        return None
+    records = previous.kept_stages(job.name) if previous else {}
+    todo = tuple(name for name in job.stages if name not in records)
+    model = _model_result(job, records, finished=not todo)
+    if records or not todo:  # else written when it starts: a job not started yet is not in the file
+        results.put_model(model)
+    if not todo:
+        return None
+    left = set(todo)
 
-    def report(event: Started | Finished | Progress) -> None:
+    def report(event: Started | Finished | Progress | Placed) -> None:
         nonlocal model
-        if observer:
-            observer(job.model.name, event)
-        if isinstance(event, Finished):
-            records[event.stage] = event.record
-            ordered = {name: records[name] for name in job.stages if name in records}
-            model = attrs.evolve(model, stages=ordered, summary=summarise(ordered, plugins.stages(plan.spec.choose)),
-                                 setup=setup_by_phase(ordered.values()))
-            results.put_model(model)
-            if listener:
-                listener(job.model.name, event.stage, event.record)
+        if observer and not isinstance(event, Placed):
+            observer(job.name, event)
+        with lock:
+            if isinstance(event, Started) and not any(m.name == job.name for m in results.run.models):
+                model = attrs.evolve(model, started=now())
+                results.put_model(model, save=False)  # written with its first record, a moment later
+            if isinstance(event, Placed):
+                model = attrs.evolve(model, node=event.node)
+                results.put_model(model)
+            elif isinstance(event, Finished):
+                records[event.stage] = event.record
+                left.discard(event.stage)
+                ordered = {name: records[name] for name in job.stages if name in records}
+                interrupted = any(record.status == "interrupted" for record in ordered.values())
+                model = attrs.evolve(model, stages=ordered, summary=summarise(ordered, registry),
+                                     setup=setup_by_phase(ordered.values()),
+                                     finished=None if left or interrupted else now())
+                results.put_model(model)
+                if listener:
+                    listener(job.name, event.stage, event.record)
 
-    todo = tuple(name for name in job.stages if name not in kept)
-    if todo:
-        executor.run(Task("model", (job,), todo, (kept,), plan.spec.choose, plan.gpu_catalog), report)
-    model = attrs.evolve(model, finished=now())
-    results.put_model(model)
-    return model
+    kept = {name: record for name, record in records.items()}
+    measured = any(registry[name].measures for name in todo)
+    gpu = measured and job.device.partition(":")[0] not in ("cpu", "meta")
+    task = Task("model", (job,), todo, (kept,), plan.spec.choose, plan.gpu_catalog)
+    return WorkItem(job.name, task, measured, Resources(gpus=1.0 if gpu else 0.0, accelerator=job.machine), report)
 
 
-def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Executor, results: ResultsFile,
+def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Runner, results: ResultsFile,
                   listener: Listener | None, previous: Resumed | None, observer: Observer | None = None) -> None:
     """Run a run-scoped stage over every model's job, unless something it needs failed for a model."""
     earlier = previous.run_stage(name) if previous else None
@@ -193,7 +259,7 @@ def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Executor, r
     if failed:
         report(Finished(name, run_stage(stage, None, plugins, failed)))
         return
-    kept = tuple(results.run.model(job.model.name).stages for job in plan.jobs)
+    kept = tuple(results.run.model(job.name).stages for job in plan.jobs)
     task = Task("run", plan.jobs, (name,), kept, plan.spec.choose, plan.gpu_catalog,
                 options=plan.options.get(name), previous=earlier.result if earlier is not None else None)
     executor.run(task, report)
@@ -210,7 +276,7 @@ def setup_by_phase(records: Iterable[StageRecord]) -> dict[str, float]:
 
 def _model_result(job: Job, records: dict[str, StageRecord], finished: bool = False) -> ModelResult:
     return ModelResult(
-        name=job.model.name,
+        name=job.name,
         source=job.model.source,
         backend=job.backend,
         device=job.device,
@@ -219,6 +285,7 @@ def _model_result(job: Job, records: dict[str, StageRecord], finished: bool = Fa
         finished=now() if finished else None,
         stages=dict(records),
         notes=job.model.notes,
+        coordinates=dict(job.coordinates) or None,
     )
 
 

@@ -19,6 +19,7 @@ from rpx_core.plugins import Plugins, Registry, choose_one_of
 from rpx_core.sources import ModelSource, resolve_inputs, resolve_target
 from rpx_core.spec import ModelSpec, Spec
 from rpx_core.stages import Stage, resolve_order
+from rpx_core.sweep import expand, sweep_problems
 
 
 @attrs.frozen
@@ -95,26 +96,90 @@ def plan_with_problems(spec: Spec, plugins: Plugins, *, where: str = "<spec>",
         except RpxError as exc:  # a clashing scheme, or a shape its source cannot read
             problems.append(f"models[{index}].input_shape: {exc}")
             models.append(model)
+    swept = sweep_problems(spec.sweep, models) if spec.sweep is not None else []
+    problems += swept
+    if spec.sweep is not None:
+        problems += sweep_plan_problems(spec, backends, registry, checkable, options, catalog)
     problems = [problem if problem.startswith(f"{where}: ") else f"{where}: {problem}" for problem in problems]
-    if backend is None or not order:
+    if backend is None or not order or swept:  # a sweep with a wrong axis has no points to plan
         return None, problems
-    device = spec.device or backend.default_device()
     model_stages = tuple(name for name in order if registry[name].scope == "model")
     jobs = tuple(
         Job(
-            model=model,
-            backend=spec.backend,
-            device=device,
-            precision=spec.precision,
+            model=point.model,
+            backend=point.backend,
+            device=spec.device or (backends[point.backend].default_device() if point.backend in backends
+                                   else backend.default_device()),
+            precision=point.precision,
             stages=model_stages,
             options=options,
             gpus=spec.gpus,
             batch_sizes=spec.batch_sizes,
+            coordinates=point.coordinates,
+            machine=point.machine,
         )
-        for model in models
+        for point in expand(spec.sweep, models, spec.precision, spec.backend)
     )
+    problems += [f"{where}: {problem}" for problem in executor_problems(spec, plugins, jobs, where)]
     run_stages = tuple(name for name in order if registry[name].scope == "run")
     return Plan(spec, tuple(order), run_stages, jobs, options, catalog, where), problems
+
+
+def sweep_plan_problems(spec: Spec, backends: Registry[Backend], registry: Registry[Stage], order: list[str],
+                        options: dict[str, Any], catalog: GPUCatalog) -> list[str]:
+    """A sweep's backends must be registered and execute its precisions where a stage executes the model; its
+    machines must be known GPUs, and only measured stages run on a machine."""
+    assert spec.sweep is not None
+    problems = []
+    swept = []
+    for index, name in enumerate(spec.sweep.backend):
+        if name not in backends:
+            problems.append(f"sweep.backend[{index}]: {name!r} not recognized. {choose_one_of(name, backends)}")
+            continue
+        try:
+            swept.append(backends[name])
+        except PluginError as exc:
+            problems.append(f"sweep.backend[{index}]: {exc}")
+    if not spec.sweep.backend and spec.backend in backends:
+        swept.append(backends[spec.backend])
+    executing = [name for name in order if registry[name].executes(options.get(name))]
+    for backend in swept if executing else ():
+        for precision in spec.sweep.precision or (spec.precision,):
+            if precision not in backend.precisions:
+                problems.append(f"sweep.precision: backend {backend.name!r} cannot execute {precision!r} (it "
+                                f"executes {', '.join(backend.precisions)}), which stage {executing[0]!r} needs")
+    for index, name in enumerate(spec.sweep.machine):
+        try:
+            catalog.get(name)
+        except RpxError as exc:
+            problems.append(f"sweep.machine[{index}]: {exc}")
+    measured = [name for name in order if registry[name].measures]
+    if spec.sweep.machine and not measured:
+        problems.append("sweep.machine: no stage of this spec measures on a machine (measure_latency, batch_search); "
+                        "rooflines for several GPUs come from `gpus`")
+    return problems
+
+
+def executor_problems(spec: Spec, plugins: Plugins, jobs: tuple[Job, ...], where: str) -> list[str]:
+    """The executor must be registered, its options valid, and every job possible on it."""
+    executors = plugins.executors()
+    name = spec.execution.executor
+    if name not in executors:
+        return [f"execution.executor: {name!r} not recognized. {choose_one_of(name, executors)}"]
+    try:
+        executor = executors[name]
+    except PluginError as exc:
+        return [f"execution.executor: {exc}"]
+    if executor.options is None:
+        if spec.execution.executor_options:
+            return [f"execution.executor_options: executor {name!r} takes no options"]
+        return executor.problems(jobs, None)
+    try:
+        options = structure(spec.execution.executor_options, executor.options, where=where,
+                            base_path="execution.executor_options")
+    except SpecError as exc:
+        return [line.removeprefix(f"{where}: ") for line in str(exc).splitlines()]
+    return executor.problems(jobs, options)
 
 
 def choice_problems(spec: Spec, stages: Registry[Stage], backends: Registry[Backend],

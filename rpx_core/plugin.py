@@ -18,6 +18,9 @@ options, and FLOP formulas for operators the counter does not know.
   :class:`GPUCatalog`).
 * Operator formulas: :class:`OpFormula` (what ``rpx_register_op_formulas`` returns) and :mod:`rpx_core.cost_table`
   as :data:`cost_table` (the per-element FLOP costs behind every ``other_flops``).
+* Executors: :class:`Executor` (what ``rpx_register_executors`` returns), the :class:`WorkItem` jobs it receives
+  with their :class:`Resources`, its :class:`Environment`, :func:`run_task_elsewhere` for the far side of a cluster,
+  :class:`Placed` (the node a job ran on) and :func:`failed_records` (a job that could not run).
 * Errors: :class:`RpxError` (the user can fix it: one line, exit 2), :class:`UnsupportedError` (a figure cannot be
   produced: said out loud, never a zero), :class:`NotApplicable` (a stage does not apply to this model: recorded as
   not applicable with the reason).
@@ -34,6 +37,7 @@ from rpx_core.gpus import GPUCatalog, GPUSpec, Peak
 from rpx_core.hookspecs import hookimpl
 from rpx_core.op_formula import OpFormula
 from rpx_core.precision import PRECISIONS, Precision, get_precision
+from rpx_core.scheduling import Environment, Executor, Resources, WorkItem, run_task_elsewhere
 from rpx_core.sources import ModelSource
 from rpx_core.spec import InputSpec, ModelSpec
 from rpx_core.stages import Stage
@@ -50,6 +54,7 @@ from rpx_core.types.counts import (
 from rpx_core.types.latency import LatencyOptions, LatencyResult, ThroughputResult
 from rpx_core.types.roofline import GPURoofline, RooflineOptions, RooflineResult
 from rpx_core.types.system_card import AcceleratorCard, SystemCard
+from rpx_core.worker import Placed, failed_records
 from rpx_plugins.jax.model import BUFFER, NON_TRAINABLE, TRAINABLE, JaxModel
 from rpx_plugins.torch.backend import TorchBackend
 from rpx_plugins.torch.cpu import CpuBackend
@@ -71,6 +76,8 @@ __all__ = [
     "Precision", "PRECISIONS", "get_precision", "GPUSpec", "Peak", "GPUCatalog",
     # operator formulas
     "OpFormula", "cost_table",
+    # executors
+    "Executor", "WorkItem", "Resources", "Environment", "run_task_elsewhere", "Placed", "failed_records",
     # errors
     "RpxError", "UnsupportedError", "NotApplicable",
 ]

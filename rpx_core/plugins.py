@@ -67,6 +67,8 @@ BUILTIN = {
     "latency": "rpx_plugins.latency",
     "batch-search": "rpx_plugins.batch_search.stage",
     "model-sources": "rpx_plugins.sources",
+    "local-executor": "rpx_plugins.executors.local",
+    "ray-executor": "rpx_plugins.executors.ray",
 }
 
 T = TypeVar("T")
@@ -361,6 +363,10 @@ class Plugins:
         """Every model source by scheme (``hf``, ``torchvision``, ...); a scheme two plugins register is an error
         where it is used, unless ``[choose.sources]`` picks one."""
         return self._collect("rpx_register_model_sources", lambda s: s.scheme, "source", choose.sources if choose else {})
+
+    def executors(self) -> Registry[Any]:
+        """Every registered executor (rpx_core.scheduling.Executor) by name; ``[execution] executor`` picks one."""
+        return self._collect("rpx_register_executors", lambda e: e.name, "executor", {})
 
     def stages(self, choose: Choices | None = None) -> Registry[Stage]:
         return self._collect("rpx_register_stages", lambda s: s.name, "stage", choose.stages if choose else {})

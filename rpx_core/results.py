@@ -62,6 +62,10 @@ class ModelResult:
     #: Flat fields (params_m, flops_g, macs_g, memory_traffic_gb, arithmetic_intensity, actmem_gb_fp16,
     #: latency_p50_ms, ...) that each stage declares (Stage.summary); the built-in ones are defined in rpx_plugins.stages.
     summary: dict[str, float | str] = attrs.Factory(dict)
+    #: A sweep's job: "model" (the [[models]] entry) and each swept axis (batch_size, seq_len, resolution, precision,
+    #: backend, machine) -> its value, so sweep results read as one table; None outside a sweep.
+    coordinates: dict[str, int | str] | None = None
+    node: str | None = None  # the cluster node the job ran on (cluster executors); None: this machine
     #: Seconds of setup by phase ("import", "build", "place"), summed over the stages during which it happened;
     #: no stage's ``seconds`` includes them.
     setup: dict[str, float] = attrs.Factory(dict)

@@ -24,8 +24,8 @@ from rpx_core.safe_write import path_safe
 
 SCHEMA_VERSION = 1
 DEFAULT_STAGES = ("count_params", "count_flops", "estimate_traffic", "system_card")
-Dtype = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+Dtype = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
 
 
 def _non_negative_dims(_: Any, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:
@@ -91,6 +91,29 @@ class ModelSpec:
     fan_out: float = 1.0
 
 
+#: A sweep's axes, in the order they appear in job names and coordinates (rpx_core.sweep).
+AXES = ("batch_size", "seq_len", "resolution", "precision", "backend", "machine")
+
+
+@attrs.frozen
+class Sweep:
+    """The ``[sweep]`` table (expanded by rpx_core.sweep). An axis left out takes the spec's own value; every axis
+    given multiplies the jobs."""
+
+    models: tuple[str, ...] = ()  # names of the [[models]] entries the sweep runs; default: every model
+    batch_size: tuple[int, ...] = ()
+    seq_len: tuple[int, ...] = ()
+    resolution: tuple[int, ...] = ()
+    precision: tuple[PrecisionName, ...] = ()
+    backend: tuple[str, ...] = ()
+    #: GPU models the measured stages run on (a cluster executor places each job on a node with that GPU).
+    machine: tuple[str, ...] = ()
+
+    def axes(self) -> dict[str, tuple[Any, ...]]:
+        """The axes given, in :data:`AXES` order, each without repeated values."""
+        return {axis: tuple(dict.fromkeys(getattr(self, axis))) for axis in AXES if getattr(self, axis)}
+
+
 @attrs.frozen
 class Choices:
     """Resolve name clashes between plugins: which provider's backend, GPU, stage or model source to use."""
@@ -120,6 +143,7 @@ class Spec:
     choose: Choices = attrs.Factory(Choices)
     on_unavailable: Literal["error", "skip"] = "error"  # what to do when the backend is not available here
     execution: Execution = attrs.Factory(Execution)  # worker processes and time limits (rpx_core.limits)
+    sweep: Sweep | None = None  # a matrix of jobs over models, shapes, precisions, backends, machines (rpx_core.sweep)
     schema: int = SCHEMA_VERSION
     base_dir: str = "."  # set by load_spec; not read from the file
     #: True when the spec names no backend (set by spec_from_dict, not read from the file): ``run_spec`` then infers
@@ -135,6 +159,13 @@ class Spec:
         data = converter.unstructure(self)
         del data["base_dir"], data["backend_inferred"]
         return data
+
+    def with_execution(self, overrides: dict[str, Any] | None, where: str = "<spec>") -> Spec:
+        """This spec with keys of its ``[execution]`` table replaced (``rpx run --executor``, ``--stage-timeout``)."""
+        if not overrides:
+            return self
+        table = {**converter.unstructure(self.execution), **overrides}
+        return attrs.evolve(self, execution=structure(table, Execution, where=where, base_path="execution"))
 
     def digest(self) -> str:
         """A stable hash of the spec's content (independent of its location), recorded with every result."""

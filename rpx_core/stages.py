@@ -54,6 +54,8 @@ class Stage:
       ``ctx`` is a RunContext with one StageContext per model).
     * ``executes``: whether, with the given options, the stage runs the model on the backend; ``rpx validate`` then
       refuses a precision the backend cannot execute.
+    * ``measures``: whether the stage times the machine it runs on (latency, memory under load); a job with such a
+      stage runs alone on its machine (the local executor runs it by itself, a cluster gives it a whole GPU).
     * ``check``: spec problems this stage can see before anything runs (e.g. the roofline needs GPUs).
     * ``summary``: the flat fields this stage's result adds to its model's ``summary`` table.
     * ``doc``: what the hook receives and returns, for ``rpx plugins --hooks`` and the plugin guide.
@@ -66,6 +68,7 @@ class Stage:
     options: type | None = None
     scope: Literal["model", "run"] = attrs.field(default="model", validator=attrs.validators.in_(("model", "run")))
     executes: Executes = _never
+    measures: bool = False
     check: Check = _no_check
     summary: Summary = _no_summary
     doc: str = ""

@@ -79,7 +79,14 @@ class Finished:
     record: StageRecord
 
 
-Report = Callable[[Started | Finished | Progress], None]
+@attrs.frozen
+class Placed:
+    """Where a job runs (a cluster executor's node), reported before its first stage and recorded with the job."""
+
+    node: str
+
+
+Report = Callable[[Started | Finished | Progress | Placed], None]
 #: Wraps each stage: ``guard(stage)`` -> a context manager that enforces its time limit (in-process executors).
 Guard = Callable[[str], ContextManager[Any]]
 
@@ -143,6 +150,18 @@ def execute(task: Task, plugins: Any, report: Report, *, model_objects: dict[str
         # No gc.collect() here: a full collection costs ~0.2 s once torch is imported, a fixed cost per job; the
         # stages that measure collect themselves before timing (rpx_plugins.measurement.gc_paused).
 
+
+def failed_records(stages: tuple[str, ...], error: str, *, seconds: float | None = None,
+                   traceback: str | None = None, stderr_tail: str | None = None) -> list[Finished]:
+    """``stages`` (what is left of a job) as records when the job cannot go on: the first failed with ``error``,
+    the rest skipped naming it."""
+    if not stages:
+        return []
+    current, *later = stages
+    records = [Finished(current, StageRecord("failed", seconds=seconds, error=error, traceback=traceback,
+                                             stderr_tail=stderr_tail))]
+    return records + [Finished(name, StageRecord("skipped", error=f"not run: stage {current!r} of this job failed: "
+                                                 f"{error}")) for name in later]
 
 def _take_setup(contexts: list[StageContext]) -> dict[str, float]:
     """The setup seconds by phase the contexts timed since the last call (for the record of the stage that just
@@ -232,16 +251,30 @@ class _no_guard:
 # -- the worker process side ------------------------------------------------------------------------------------------
 
 
-def load_plugins(setup: Setup) -> Any:
-    """The parent's plugin set, loaded here; a different set (a plugin installed meanwhile) is an error."""
+#: Plugin sets the zygote loaded before forking, by the disabled plugins they were loaded without: a worker whose run
+#: has the same set uses its inherited copy instead of loading plugins again (tens of milliseconds per job).
+_LOADED: dict[tuple[str, ...], Any] = {}
+
+
+def _load(disabled: tuple[str, ...]) -> Any:
     import warnings
 
-    from rpx_core.errors import PluginError
     from rpx_core.plugins import PluginLoadWarning, Plugins
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PluginLoadWarning)  # the parent already warned once
-        plugins = Plugins.load(setup.disabled)
+        return Plugins.load(disabled)
+
+
+def load_plugins(setup: Setup) -> Any:
+    """The parent's plugin set, loaded here (or inherited from the zygote when it is the same set); a different set
+    (a plugin installed meanwhile) is an error."""
+    from rpx_core.errors import PluginError
+
+    inherited = _LOADED.get(setup.disabled)
+    if inherited is not None and plugin_identity(inherited) == setup.plugins:
+        return inherited
+    plugins = _load(setup.disabled)
     found = plugin_identity(plugins)
     if found != setup.plugins:
         raise PluginError(f"the worker process found plugins {_names(found)}, the run has {_names(setup.plugins)}")
@@ -299,6 +332,12 @@ def zygote(control: socket.socket) -> None:
         if request["op"] == "fork":
             for module in request.get("preload", ()):
                 _preload(module)
+            disabled = tuple(request.get("disabled", ()))
+            if disabled not in _LOADED:
+                try:
+                    _LOADED[disabled] = _load(disabled)
+                except Exception:
+                    pass  # the worker loads them itself, and says what fails
             gc.freeze()  # what the zygote imported is permanent: a worker's collections never walk torch's objects
             pid = os.fork()
             if pid == 0:

@@ -191,6 +191,7 @@ MEASURE_LATENCY = Stage(
     needs=("system_card",),
     options=LatencyOptions,
     executes=always,
+    measures=True,
     summary=latency_fields,
     doc="Measure per-call latency at batch 1, throughput per batch size and peak memory of the measured region; "
     "build percentiles with :mod:`rpx_core.stats` so they follow rpx's method and sufficiency rules.",
@@ -202,6 +203,7 @@ BATCH_SEARCH = Stage(
     options=BatchSearchOptions,
     scope="run",
     executes=always,
+    measures=True,
     check=pipeline_names_models,
     doc="Search batch sizes for a pipeline of models under a memory budget. Receives a RunContext (one "
     "StageContext per model, the options, the backend).",

@@ -1,0 +1,44 @@
+"""Small models whose FLOPs are easy to compute by hand, for the sweep and executor tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import torch
+
+
+class TokenLinear(torch.nn.Module):
+    """Embedding(100, 8) then Linear(8, 4, bias=False): matrix FLOPs = 2 x batch x seq x 8 x 4."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(100, 8)
+        self.proj = torch.nn.Linear(8, 4, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.embed(tokens))
+
+
+def token_linear() -> torch.nn.Module:
+    return TokenLinear()
+
+
+def conv() -> torch.nn.Module:
+    """Conv2d(3, 4, 3, padding=1, bias=False): matrix FLOPs = 2 x batch x R x R x 4 x 3 x 9 at resolution R."""
+    return torch.nn.Conv2d(3, 4, 3, padding=1, bias=False)
+
+
+def dies_once(marker: str) -> torch.nn.Module:
+    """Kills the process building it the first time (the file ``marker`` does not exist yet), then builds."""
+    if not Path(marker).exists():
+        Path(marker).write_text("killed once")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return token_linear()
+
+
+def always_dies() -> torch.nn.Module:
+    """Kills the process building it, every time."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")

@@ -1,0 +1,267 @@
+"""Sweeps: a [sweep] matrix expanded into named jobs with coordinates, checked with key paths, listed by --dry-run,
+resumed point by point, and run by the local executor side by side exactly as one at a time."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import attrs
+
+import rpx_core as rpx
+from rpx_core.convert import converter
+from rpx_core.limits import Execution
+from rpx_core.results import load, write
+from rpx_core.scheduling import Environment, Resources, WorkItem
+from rpx_plugins.executors.local import LocalExecutor, LocalOptions
+from tests.conftest import make_plugin_package, pip_install_target, rpx_cli
+
+MODELS = Path(__file__).with_name("sweep_models.py")
+COUNTS = ("count_params", "count_flops", "estimate_traffic")
+
+SWEEP_SPEC = f"""
+name = "sweep"
+stages = ["count_params", "count_flops", "estimate_traffic"]
+
+[[models]]
+name = "tokens"
+source = "{MODELS}:token_linear"
+inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+
+[[models]]
+name = "conv"
+source = "{MODELS}:conv"
+inputs = [{{ shape = [1, 3, 8, 8] }}]
+"""
+
+
+def test_a_sweep_is_one_job_per_point_named_by_its_coordinates_with_hand_computed_flops(write_spec, tmp_path):
+    spec = write_spec(SWEEP_SPEC + """
+        [sweep]
+        models = ["tokens"]
+        batch_size = [1, 2, 2]
+        seq_len = [8, 32, 8]
+    """)
+    result = rpx.run(spec, output=tmp_path / "out.toml")
+    names = [model.name for model in result.models]
+    assert names == ["tokens[batch_size=1,seq_len=8]", "tokens[batch_size=1,seq_len=32]",
+                     "tokens[batch_size=2,seq_len=8]", "tokens[batch_size=2,seq_len=32]"]  # repeats dropped, order kept
+    for model in result.models:
+        batch, seq = model.coordinates["batch_size"], model.coordinates["seq_len"]
+        assert model.coordinates == {"model": "tokens", "batch_size": batch, "seq_len": seq}
+        assert model.result("count_flops").matrix_flops == 2 * batch * seq * 8 * 4
+        assert model.result("count_flops").counted_inputs == (f"int64[{batch},{seq}]",)
+    again = load(tmp_path / "out.toml")
+    assert [model.coordinates for model in again.models] == [model.coordinates for model in result.models]
+
+
+def test_resolution_and_precision_axes(write_spec, tmp_path):
+    spec = write_spec(SWEEP_SPEC + """
+        [sweep]
+        models = ["conv"]
+        resolution = [8, 16]
+        precision = ["fp32", "bf16"]
+    """)
+    result = rpx.run(spec, output=tmp_path / "out.toml")
+    assert len(result.models) == 4
+    for model in result.models:
+        size, precision = model.coordinates["resolution"], model.coordinates["precision"]
+        assert model.name == f"conv[resolution={size},precision={precision}]"
+        assert model.precision == precision
+        assert model.result("count_flops").matrix_flops == 2 * size * size * 4 * 3 * 9
+        assert model.result("count_params").bytes_at_precision == 4 * 3 * 9 * (4 if precision == "fp32" else 2)
+
+
+def test_a_wrong_sweep_is_one_line_per_problem_with_its_key_path(write_spec):
+    spec = write_spec(SWEEP_SPEC + """
+        [sweep]
+        models = ["tokens", "tokenz"]
+        resolution = [224]
+        backend = ["cpux"]
+        machine = ["H100-SXM"]
+    """)
+    done = rpx_cli("validate", str(spec))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    expected = [
+        "sweep.models[1]: no [[models]] entry is named 'tokenz' (models: tokens, conv)",
+        "sweep.resolution: model 'tokens' has no floating-point input of shape [N, C, H, W] to set",
+        "sweep.backend[0]: 'cpux' not recognized. Choose one of: cpu",
+        "sweep.machine: no stage of this spec measures on a machine",
+    ]
+    for text in expected:
+        assert any(text in line for line in lines), (text, lines)
+    assert all(line.startswith(f"rpx: error: {spec}: ") for line in lines), lines
+    assert "Traceback" not in done.stderr
+
+
+def test_a_zero_in_an_axis_and_a_machine_on_the_local_executor_are_refused(write_spec):
+    spec = write_spec(SWEEP_SPEC + """
+        [sweep]
+        batch_size = [0]
+    """)
+    done = rpx_cli("validate", str(spec))
+    assert done.returncode == 2 and "sweep.batch_size[0]: must be >= 1, got 0" in done.stderr, done.stderr
+    spec = write_spec(SWEEP_SPEC.replace('stages = ["count_params", "count_flops", "estimate_traffic"]',
+                                         'stages = ["measure_latency"]') + """
+        [sweep]
+        machine = ["H100-SXM"]
+    """)
+    done = rpx_cli("validate", str(spec))
+    assert done.returncode == 2, done.stderr
+    assert "sweep.machine: the local executor runs every job on this machine, so it cannot place jobs on H100-SXM" \
+        in done.stderr
+
+
+def test_dry_run_lists_the_jobs_and_runs_nothing(write_spec, tmp_path):
+    spec = write_spec(SWEEP_SPEC.replace('stages = ["count_params", "count_flops", "estimate_traffic"]',
+                                         f'stages = ["count_flops", "measure_latency"]\noutput = "{tmp_path}/never.toml"')
+                      + """
+        [sweep]
+        batch_size = [1, 4]
+    """)
+    done = rpx_cli("run", str(spec), "--dry-run")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "4 job(s) on executor 'local'; stages: count_flops, system_card, measure_latency"
+    assert [line.split()[0] for line in lines[1:]] == ["tokens[batch_size=1]", "tokens[batch_size=4]",
+                                                      "conv[batch_size=1]", "conv[batch_size=4]"]
+    assert all("alone (measures: measure_latency)" in line for line in lines[1:])
+    assert not (tmp_path / "never.toml").exists()
+
+
+def test_resume_across_a_sweep_runs_only_the_unfinished_points(write_spec, tmp_path):
+    spec = write_spec(SWEEP_SPEC + """
+        [sweep]
+        batch_size = [1, 2]
+    """)
+    output = tmp_path / "out.toml"
+    first = rpx.run(spec, output=output)
+    unfinished = "conv[batch_size=1]"
+    models = tuple(attrs.evolve(model, finished=None, stages={}) if model.name == unfinished else model
+                   for model in first.models)
+    write(attrs.evolve(first, models=models), output)
+    time.sleep(1.1)  # started times have one-second resolution
+    resumed = rpx.run(spec, output=output, resume=True)
+    assert [model.name for model in resumed.models] == [model.name for model in first.models]
+    for before, after in zip(first.models, resumed.models, strict=True):
+        if before.name == unfinished:
+            assert after.started != before.started and after.ok
+            assert after.result("count_flops") == before.result("count_flops")
+        else:
+            assert after == before  # kept as it was
+
+
+def figures(run) -> dict:
+    """Every hardware-agnostic figure of a run, by job and stage (timings left out)."""
+    return {model.name: {stage: converter.unstructure(model.result(stage)) for stage in COUNTS}
+            for model in run.models}
+
+
+def test_side_by_side_gives_exactly_the_figures_of_one_at_a_time(write_spec, tmp_path):
+    text = SWEEP_SPEC + """
+        [sweep]
+        batch_size = [1, 3]
+    """
+    parallel = rpx.run(write_spec(text), output=tmp_path / "parallel.toml")
+    alone = rpx.run(write_spec(text + "[execution]\nexecutor_options = { workers = 1 }\n", "one.toml"),
+                    output=tmp_path / "one-results.toml")
+    assert [m.name for m in parallel.models] == [m.name for m in alone.models]  # the spec's order, whatever finished first
+    assert figures(parallel) == figures(alone)
+
+
+class TimingRunner:
+    """Stands in for the worker processes: records when each task runs, taking a little time."""
+
+    def __init__(self) -> None:
+        self.spans: dict[str, tuple[float, float]] = {}
+        self.lock = threading.Lock()
+
+    def run(self, task, report) -> None:
+        started = time.monotonic()
+        time.sleep(0.2)
+        with self.lock:
+            self.spans[task] = (started, time.monotonic())
+
+
+def test_local_runs_hardware_agnostic_jobs_side_by_side_and_measured_jobs_alone():
+    runner = TimingRunner()
+    env = Environment(setup=object(), limits=Execution(), options=LocalOptions(workers=2), runner=runner)
+    items = [WorkItem(name, name, name.startswith("measured"), Resources(), lambda event: None)
+             for name in ("count-a", "measured-a", "count-b", "count-c", "measured-b", "count-d")]
+    LocalExecutor().run(items, env)
+    spans = runner.spans
+    counted = [spans[name] for name in spans if name.startswith("count")]
+    measured = sorted(spans[name] for name in spans if name.startswith("measured"))
+    assert len(spans) == 6
+    overlapping = sum(1 for a in counted for b in counted if a < b and a[1] > b[0])
+    assert overlapping >= 2  # two at a time
+    assert measured[0][0] >= max(end for _, end in counted)  # after every counting job
+    assert measured[1][0] >= measured[0][1]  # and one at a time
+
+
+# -- a third-party executor, installed like any plugin, written against the public surface only ----------------------
+
+REVERSE_EXECUTOR = '''
+import os
+import threading
+
+import attrs
+from rpx_core.plugin import Executor, Placed, hookimpl, run_task_elsewhere
+
+
+@attrs.frozen
+class ReverseOptions:
+    node: str = "elsewhere"
+
+
+class ReverseExecutor(Executor):
+    """Runs the jobs last first, each in a thread of its own process's "remote" side."""
+
+    name = "reverse"
+    description = "last job first, through run_task_elsewhere"
+    options = ReverseOptions
+
+    def run(self, items, env):
+        for item in reversed(items):
+            events = []
+            thread = threading.Thread(target=lambda: events.extend(run_task_elsewhere(env.setup, env.limits, item.task)))
+            thread.start()
+            thread.join()
+            item.report(Placed(env.options.node))
+            for event in events:
+                item.report(event)
+            print("ran", item.name, "cpus", item.resources.cpus, flush=True)
+
+
+@hookimpl
+def rpx_register_executors():
+    return [ReverseExecutor()]
+'''
+
+
+def test_a_third_party_executor_is_a_plugin_like_any_other(write_spec, tmp_path):
+    package = make_plugin_package(tmp_path / "src", "rpx-reverse", "rpx_reverse", "reverse", REVERSE_EXECUTOR)
+    site = pip_install_target(package, tmp_path / "site")
+    spec = write_spec(SWEEP_SPEC + """
+        [sweep]
+        models = ["tokens"]
+        batch_size = [1, 2]
+        [execution.executor_options]
+        node = "node-7"
+    """)
+    text = spec.read_text().replace('name = "sweep"', f'name = "sweep"\noutput = "{tmp_path}/out.toml"')
+    spec.write_text(text)
+    done = rpx_cli("run", str(spec), "--executor", "reverse", env={"PYTHONPATH": str(site)})
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stdout.splitlines() if line.startswith("ran ")] == [
+        "ran tokens[batch_size=2] cpus 1.0", "ran tokens[batch_size=1] cpus 1.0"]
+    run = load(tmp_path / "out.toml")
+    assert [model.name for model in run.models] == ["tokens[batch_size=1]", "tokens[batch_size=2]"]
+    assert all(model.node == "node-7" and model.ok for model in run.models)
+    assert run.models[1].stages["count_flops"].result["matrix_flops"] == 2 * 2 * 8 * 8 * 4
+    spec.write_text(text.replace('node = "node-7"', 'nodes = "node-7"'))
+    wrong = rpx_cli("run", str(spec), "--executor", "reverse", env={"PYTHONPATH": str(site)})
+    assert wrong.returncode == 2 and "execution.executor_options" in wrong.stderr and "nodes" in wrong.stderr, \
+        wrong.stderr
