@@ -9,7 +9,7 @@ from pathlib import Path
 import attrs
 
 from rpx_core.limits import Execution
-from rpx_core.spec import Choices, InputSpec, ModelSpec, Spec
+from rpx_core.spec import Choices, InputSpec, ModelSpec, Spec, Sweep
 from tests.conftest import REPO
 
 README = REPO / "README.md"
@@ -25,11 +25,12 @@ def readme_section(heading: str) -> str:
 
 def accepted_spec_keys() -> set[str]:
     """Every key path a spec file may set, from the attrs models the loader structures it into."""
-    nested = {"models": ModelSpec, "execution": Execution, "choose": Choices}
+    nested = {"models": ModelSpec, "execution": Execution, "choose": Choices, "sweep": Sweep}
     keys = {name for name in attrs.fields_dict(Spec) if name not in SET_BY_RPX | set(nested) | {"options"}}
     keys |= {"models", "options.<stage>"}
     keys |= {f"execution.{name}" for name in attrs.fields_dict(Execution)}
     keys |= {f"choose.{name}" for name in attrs.fields_dict(Choices)}
+    keys |= {f"sweep.{name}" for name in attrs.fields_dict(Sweep)}
     keys |= {f"models[].{name}" for name in attrs.fields_dict(ModelSpec)}
     keys |= {f"models[].inputs[].{name}" for name in attrs.fields_dict(InputSpec)}
     return keys
