@@ -48,6 +48,9 @@ def test_reasons_name_the_convention_the_missed_kernel_and_the_tied_weight() -> 
     assert macs_reason(2 * llama.macs, llama) == "reports FLOPs (2 x MACs) as MACs"
     assert macs_reason(llama.macs - llama.attention_macs, llama) == "attention kernel (SDPA) not counted"
     assert macs_reason(0.5 * llama.macs, llama) == "-50.0%: attention (SDPA) and more not counted"
+    added = 1.01 * (llama.macs - llama.attention_macs)
+    assert macs_reason(added, llama) == ("attention kernel (SDPA) not counted, and +1.0% element-wise, norm or pooling "
+                                         "work counted as MACs")
     assert macs_reason(1.05 * llama.macs, llama).startswith("+5.0%: counts element-wise")
     assert params_reason(tied.params + tied.shared_params, tied) == "tied weight counted twice"
     assert params_reason(tied.params, tied) is None

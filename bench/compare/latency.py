@@ -1,6 +1,7 @@
 """Latency of the same workloads by rpx, torch.utils.benchmark and pyperf, on a quiet machine and under a load.
 
-All three time one batch-1 forward under ``torch.inference_mode`` with torch's default threads:
+All three time one batch-1 forward under ``torch.inference_mode`` with one torch thread (``THREADS``: on a small,
+shared machine torch's spinning intra-op threads turn other processes' load into millisecond stalls):
 - rpx: ``measure_latency`` through ``rpx.profile`` (warm-up, single synchronised calls); its p50 and, where this rpx
   reports one, the p50's confidence interval (else its p25-p75 range, labelled so);
 - torch.utils.benchmark: ``Timer.blocked_autorange``'s median (of blocks of calls);
@@ -21,6 +22,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1]
 WORKLOADS = ("depthwise-cnn", "bert-128")
+THREADS = 1
 RPX_MAX_SECONDS = 4.0
 TIMER_MIN_RUN_TIME = 2.0
 PYPERF_ARGS = ("--processes", "4", "--values", "4", "--warmups", "1")
@@ -42,15 +44,21 @@ class LatencyRow:
 
 
 def rpx_latency(name: str) -> tuple[float, float, float, str, str | None]:
+    import torch
+
     import rpx_core as rpx
     from compare.models import case
 
     workload = case(name)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
     with tempfile.TemporaryDirectory() as folder:
         result = rpx.profile(workload.build("cpu"), workload.rpx_inputs, stages=["measure_latency"], batch_sizes=[1],
                              options={"measure_latency": {"max_seconds": RPX_MAX_SECONDS, "keep_samples": True}},
                              output=f"{folder}/latency.json")
+    torch.set_num_threads(threads_before)
     latency = result.result("measure_latency")
+    assert latency.threads["torch_intra_op"] == THREADS, latency.threads
     interval = getattr(latency, "p50_interval_ms", None)
     if interval:
         confidence = getattr(latency, "interval_confidence", 0.95)
@@ -72,7 +80,7 @@ def timer_median(name: str) -> float:
     workload = case(name)
     model, inputs = workload.build("cpu"), workload.inputs("cpu")
     timer = benchmark.Timer(stmt="model(*inputs)", globals={"model": model, "inputs": inputs},
-                            num_threads=torch.get_num_threads())
+                            num_threads=THREADS)
     with torch.inference_mode():
         return timer.blocked_autorange(min_run_time=TIMER_MIN_RUN_TIME).median * 1e3
 
@@ -80,7 +88,8 @@ def timer_median(name: str) -> float:
 def pyperf_mean_std(name: str) -> tuple[float, float]:
     import pyperf
 
-    setup = (f"import sys; sys.path.insert(0, {str(BENCH)!r}); import torch; from compare.models import case; "
+    setup = (f"import sys; sys.path.insert(0, {str(BENCH)!r}); import torch; torch.set_num_threads({THREADS}); "
+             f"from compare.models import case; "
              f"w = case({name!r}); model = w.build('cpu'); inputs = w.inputs('cpu'); torch.inference_mode().__enter__()")
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "pyperf.json"

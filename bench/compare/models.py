@@ -119,7 +119,7 @@ BERT = {"vocab_size": VOCAB, "hidden_size": 128, "num_hidden_layers": 2, "num_at
         "intermediate_size": 512, "max_position_embeddings": 512, "type_vocab_size": 2}
 LLAMA = {"vocab_size": VOCAB, "hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
-         "tie_word_embeddings": False}
+         "tie_word_embeddings": False, "use_cache": False}
 
 
 def _on(device: str, make: Callable[[], Any]):
@@ -275,9 +275,10 @@ def sdpa_inputs(device: str) -> tuple:
 IMAGE_TABLE = [{"shape": [1, 3, 64, 64]}]
 
 CASES: tuple[Case, ...] = (
-    Case("grouped-cnn", "ResNeXt-style, grouped 3x3 conv", grouped_cnn, image, grouped_cnn_analytic(), IMAGE_TABLE),
+    Case("grouped-cnn", "ResNeXt-style, grouped 3x3 conv", grouped_cnn, image, grouped_cnn_analytic(), IMAGE_TABLE,
+         ("input",)),
     Case("depthwise-cnn", "MobileNet-style, depthwise 3x3 + pointwise", depthwise_cnn, image, depthwise_cnn_analytic(),
-         IMAGE_TABLE),
+         IMAGE_TABLE, ("input",)),
     Case("vit", "transformers ViT, 4 layers, 65 tokens", vit, image, vit_analytic(), IMAGE_TABLE, ("pixel_values",)),
     Case("bert-128", "transformers BERT encoder, seq 128", bert, tokens(128), bert_analytic(128), token_table(128),
          ("input_ids",)),

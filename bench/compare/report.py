@@ -14,6 +14,8 @@ from compare.models import CASES, Analytic, case
 from compare.tools import TOOLS
 
 EXACT = 1e-4
+#: A count between the MACs less attention and this multiple of that is read as "attention missed, other work added".
+ADDED_WORK = 1.05
 
 
 def close(value: float, target: float) -> bool:
@@ -31,9 +33,13 @@ def macs_reason(macs: float, analytic: Analytic) -> str | None:
     difference = macs / analytic.macs - 1
     if difference > 0:
         return f"{difference:+.1%}: counts element-wise, norm or pooling work as MACs"
-    if analytic.attention_macs and macs < analytic.macs - analytic.attention_macs:
+    without_attention = analytic.macs - analytic.attention_macs
+    if analytic.attention_macs and without_attention < macs < ADDED_WORK * without_attention:
+        return (f"attention kernel (SDPA) not counted, and {macs / without_attention - 1:+.1%} element-wise, norm or "
+                "pooling work counted as MACs")
+    if analytic.attention_macs and macs < without_attention:
         return f"{difference:+.1%}: attention (SDPA) and more not counted"
-    return f"{difference:+.1%}: ops not counted"
+    return f"{difference:+.1%} net"
 
 
 def params_reason(params: int, analytic: Analytic) -> str | None:
@@ -41,7 +47,9 @@ def params_reason(params: int, analytic: Analytic) -> str | None:
         return None
     if analytic.shared_params and params == analytic.params + analytic.shared_params:
         return "tied weight counted twice"
-    return f"params {params / analytic.params - 1:+.2%}"
+    if params < analytic.params:
+        return f"params {params / analytic.params - 1:+.1%}: parameters outside the layers it has rules for missed"
+    return f"params {params / analytic.params - 1:+.1%}"
 
 
 def human(value: float) -> str:

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import venv
 from pathlib import Path
@@ -69,13 +70,17 @@ def prepare() -> dict[str, str]:
 
 def count_with(tool_name: str) -> tuple[dict[str, dict], str | None]:
     """{model: reading} from one tool's worker process, and why there is none (None when it ran)."""
-    try:
-        done = subprocess.run([sys.executable, "-m", "compare.count_worker", tool_name], cwd=BENCH,
-                              capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return {}, f"did not finish within {WORKER_TIMEOUT_S} s"
-    readings = {row["model"]: row for row in map(json.loads, done.stdout.splitlines()) if row}
-    return readings, None if readings else f"exit {done.returncode}: {last_line(done.stderr)}"
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "counts.jsonl"
+        out.touch()
+        try:
+            done = subprocess.run([sys.executable, "-m", "compare.count_worker", tool_name, str(out)], cwd=BENCH,
+                                  capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+            failure = f"exit {done.returncode}: {last_line(done.stderr)}"
+        except subprocess.TimeoutExpired:
+            failure = f"did not finish within {WORKER_TIMEOUT_S} s"
+        readings = {row["model"]: row for row in map(json.loads, out.read_text().splitlines())}
+    return readings, None if readings else failure
 
 
 def versions() -> dict[str, str]:
@@ -220,7 +225,8 @@ process of its own.
 
 ## Latency
 
-Batch-1 forward under `torch.inference_mode`, torch's default threads. rpx: `measure_latency` (p50 with its
+Batch-1 forward under `torch.inference_mode`, one torch thread (on a small shared machine torch's spinning intra-op
+threads turn other processes' load into millisecond stalls). rpx: `measure_latency` (p50 with its
 interval); torch.utils.benchmark: `Timer.blocked_autorange` median (min_run_time 2 s); pyperf: `pyperf timeit`
 mean +- standard deviation over its worker processes. Loaded: one busy-looping process per logical CPU.
 
