@@ -13,6 +13,7 @@ measurement; the machine's load average is recorded with each row.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -23,9 +24,12 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[1]
 WORKLOADS = ("depthwise-cnn", "bert-128")
 THREADS = 1
-RPX_MAX_SECONDS = 4.0
-TIMER_MIN_RUN_TIME = 2.0
-PYPERF_ARGS = ("--processes", "4", "--values", "4", "--warmups", "1")
+RPX_MAX_SECONDS = 2.0
+TIMER_MIN_RUN_TIME = 1.0
+#: pyperf's worker processes each import torch: few of them, and loops set from torch.utils.benchmark's median so
+#: no calibration process runs (pyperf's own 0.1 s minimum per value)
+PYPERF_ARGS = ("--processes", "3", "--values", "3", "--warmups", "1")  # pyperf default: 20 processes
+PYPERF_VALUE_SECONDS = 0.1
 
 
 @dataclass
@@ -85,7 +89,7 @@ def timer_median(name: str) -> float:
         return timer.blocked_autorange(min_run_time=TIMER_MIN_RUN_TIME).median * 1e3
 
 
-def pyperf_mean_std(name: str) -> tuple[float, float]:
+def pyperf_mean_std(name: str, median_ms: float) -> tuple[float, float]:
     import pyperf
 
     setup = (f"import sys; sys.path.insert(0, {str(BENCH)!r}); import torch; torch.set_num_threads({THREADS}); "
@@ -93,8 +97,9 @@ def pyperf_mean_std(name: str) -> tuple[float, float]:
              f"w = case({name!r}); model = w.build('cpu'); inputs = w.inputs('cpu'); torch.inference_mode().__enter__()")
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "pyperf.json"
-        subprocess.run([sys.executable, "-m", "pyperf", "timeit", *PYPERF_ARGS, "--quiet", "-o", str(out),
-                        "-s", setup, "model(*inputs)"], check=True, capture_output=True, text=True)
+        loops = max(1, math.ceil(PYPERF_VALUE_SECONDS / (median_ms / 1e3)))
+        subprocess.run([sys.executable, "-m", "pyperf", "timeit", *PYPERF_ARGS, "--loops", str(loops), "--quiet",
+                        "-o", str(out), "-s", setup, "model(*inputs)"], check=True, capture_output=True, text=True)
         bench = pyperf.Benchmark.load(str(out))
         return bench.mean() * 1e3, bench.stdev() * 1e3
 
@@ -112,7 +117,7 @@ def stop(processes: list[subprocess.Popen]) -> None:
 def measure(name: str, condition: str) -> LatencyRow:
     p50, low, high, interval, verdict = rpx_latency(name)
     median = timer_median(name)
-    mean, std = pyperf_mean_std(name)
+    mean, std = pyperf_mean_std(name, median)
     return LatencyRow(name, condition, os.getloadavg()[0], p50, low, high, interval, verdict, median, mean, std)
 
 

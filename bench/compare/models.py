@@ -119,7 +119,7 @@ BERT = {"vocab_size": VOCAB, "hidden_size": 128, "num_hidden_layers": 2, "num_at
         "intermediate_size": 512, "max_position_embeddings": 512, "type_vocab_size": 2}
 LLAMA = {"vocab_size": VOCAB, "hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
-         "tie_word_embeddings": False, "use_cache": False}
+         "tie_word_embeddings": False}
 
 
 def _on(device: str, make: Callable[[], Any]):

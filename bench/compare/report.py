@@ -148,11 +148,11 @@ def batch_table(result: dict) -> str:
              f"{r['base_found']}", str(r["base_trials"]), f"{r['base_seconds']:.1f}",
              f"{r['rpx_trials'] / r['base_trials']:.2f}"] for r in result["real"]]
     oracle = result["oracle"]
-    return (f"Workload: {result['workload']} (direct scan of batch 1..20 for the true limit: "
+    return (f"Workload: {result['workload']} (direct scan of batch 1..{result['scan_up_to']} for the true limit: "
             f"{result['scan_seconds']:.1f} s).\n\n"
             + table(["true limit", "rpx found", "rpx trials", "rpx s", "doubling+bisection found", "its trials",
                      "its s", "trials ratio"], rows)
-            + f"\n\nOn the scan's memory curve (its line beyond 20), {oracle['budgets']} budgets with limits 3..250: "
+            + f"\n\nOn the scan's memory curve (its line beyond {result['scan_up_to']}), {oracle['budgets']} budgets with limits 3..250: "
               f"rpx {oracle['rpx_mean']:.2f} trials on average (max {oracle['rpx_max']}), doubling+bisection "
               f"{oracle['base_mean']:.2f} (max {oracle['base_max']}), ratio {oracle['rpx_mean'] / oracle['base_mean']:.2f}; "
               f"results not within 5% at or below the true limit: {oracle['misses'] or 'none'}.")

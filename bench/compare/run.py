@@ -218,7 +218,8 @@ count a tied weight once. rpx counts on the meta device (no weights allocated); 
 
 Per model: rpx's seconds (median of 3 counts, each on a freshly built model, building excluded) and peak RSS (the
 process's high-water mark above its resident set before building the model, so weights a tool needs allocated are
-in it); per tool: its time and peak RSS as multiples of rpx's, with its own figures in brackets. Each tool runs in a
+in it); per tool: its time and peak RSS as multiples of rpx's (rpx's peak taken as at least 1 MB), with its own
+figures in brackets. Each tool runs in a
 process of its own.
 
 {speed}
@@ -226,9 +227,10 @@ process of its own.
 ## Latency
 
 Batch-1 forward under `torch.inference_mode`, one torch thread (on a small shared machine torch's spinning intra-op
-threads turn other processes' load into millisecond stalls). rpx: `measure_latency` (p50 with its
-interval); torch.utils.benchmark: `Timer.blocked_autorange` median (min_run_time 2 s); pyperf: `pyperf timeit`
-mean +- standard deviation over its worker processes. Loaded: one busy-looping process per logical CPU.
+threads turn other processes' load into millisecond stalls). rpx: `measure_latency` (2 s, p50 with its
+interval); torch.utils.benchmark: `Timer.blocked_autorange` median (min_run_time 1 s); pyperf: `pyperf timeit`
+mean +- standard deviation over 3 worker processes x 3 values (pyperf's default is 20 processes). The three run
+one after another, so load that changes between them shows up in their ratio. Loaded: one busy-looping process per logical CPU.
 
 {latency}
 
