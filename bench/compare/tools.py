@@ -60,11 +60,14 @@ def rpx_count(model, inputs: tuple, case: Case) -> Reading:
 
 def flop_counter_mode(model, inputs: tuple, case: Case) -> Reading:
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
+    from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(*inputs)
-    return Reading(macs=counter.get_total_flops() / 2)
+    cpu_attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    notes = [f"no formula for {cpu_attention} (the CPU's SDPA kernel)"] if (
+        inputs[0].device.type == "cpu" and cpu_attention not in flop_registry) else []
+    return Reading(macs=counter.get_total_flops() / 2, notes=notes)
 
 
 def fvcore_count(model, inputs: tuple, case: Case) -> Reading:
