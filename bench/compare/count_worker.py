@@ -40,7 +40,7 @@ def one_count(counter, case) -> tuple[Reading, float, float, float]:
         reading = counter.count(model, inputs, case)
     except Exception as error:  # a tool failing on a model is a finding, recorded with its message
         message = str(error).strip().splitlines()
-        reading = Reading(error=f"{type(error).__name__}: {message[0][:160] if message else ''}")
+        reading = Reading(error=f"{type(error).__name__}: {message[0][:300] if message else ''}")
         traceback.print_exc(file=sys.stderr)
     counted = time.perf_counter()
     peak = max((read_status_bytes("VmHWM") or 0) - start_rss, 0)  # the RSS read just after the reset may be higher

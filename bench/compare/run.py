@@ -224,8 +224,9 @@ count a tied weight once. rpx counts on the meta device (no weights allocated); 
 Per model: rpx's seconds (median of 3 counts, each on a freshly built model, building excluded) and peak RSS (the
 process's high-water mark above its resident set before building the model, so weights a tool needs allocated are
 in it); per tool: its time and peak RSS as multiples of rpx's (rpx's peak taken as at least 1 MB), with its own
-figures in brackets. Each tool runs in a
-process of its own.
+figures in brackets. Each tool runs in a process of its own. rpx's time is a whole `rpx.profile` call (plugin
+loading, spec checks, parameters, and one pass giving FLOPs, bytes and activation memory): on these small models that
+fixed cost of about 0.2 s is most of it, and sub-0.1 s figures move by several times between runs on a loaded machine.
 
 {speed}
 
