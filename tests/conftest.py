@@ -79,3 +79,14 @@ def write_spec(tmp_path: Path):
         return path
 
     return write
+
+
+def console_text(run) -> str:
+    """What ``rpx run`` prints when it ends for ``run`` (its tables, as piped to a file)."""
+    import io
+
+    from rpx_core import render, views
+
+    out = io.StringIO()
+    render.terminal(views.tables(run, views.RUN_END), [], out)
+    return out.getvalue()

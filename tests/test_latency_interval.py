@@ -17,16 +17,18 @@ from types import SimpleNamespace as NS
 import pytest
 import torch
 
-from rpx_core import stats
+from rpx_core import stats, units
 from rpx_core.backends import MemoryPeak, Timer
 from rpx_core.context import Job, StageContext
 from rpx_core.results import ModelResult, StageRecord
 from rpx_core.spec import InputSpec, ModelSpec
-from rpx_core.summary import render_run, summarise
+from rpx_core.summary import summarise
 from rpx_core.types.latency import LatencyOptions
+from rpx_core.views import interval_text
 from rpx_plugins import latency
 from rpx_plugins.stages import BUILTIN_STAGES
 from rpx_plugins.torch.cpu import CpuBackend
+from tests.conftest import console_text
 
 BASE_MS, SIGMA = 10.0, 0.2
 
@@ -126,10 +128,8 @@ def test_three_noisy_samples_are_too_few_and_the_console_says_so():
     stages = {stage.name: stage for stage in BUILTIN_STAGES}
     records = {"measure_latency": StageRecord("ok", seconds=0.1, result=result)}
     model = ModelResult("bert", "x:y", "cpu", "cpu", "fp32", "now", stages=records, summary=summarise(records, stages))
-    text = render_run(NS(models=[model], run_stages={}))
-    header, row = text.splitlines()[:2]
-    assert "p50 ms [CI]" in header and "timing" in header
-    assert f"{result.p50_ms:.4g}" in row and "TOO FEW (n=3)" in row
+    text = console_text(NS(models=[model], run_stages={}))
+    assert units.milliseconds(result.p50_ms) in text and "too_few_samples" in text
     assert "bert: latency p50 from 3 samples has no 95% confidence interval: do not trust it" in text
 
 
@@ -138,9 +138,8 @@ def test_a_stable_result_shows_its_interval_beside_the_p50():
     stages = {stage.name: stage for stage in BUILTIN_STAGES}
     records = {"measure_latency": StageRecord("ok", seconds=0.1, result=result)}
     model = ModelResult("m", "x:y", "cpu", "cpu", "fp32", "now", stages=records, summary=summarise(records, stages))
-    row = render_run(NS(models=[model], run_stages={})).splitlines()[1]
-    low, high = result.p50_interval_ms
-    assert f"{result.p50_ms:.4g} [{low:.4g}, {high:.4g}]" in row and "stable" in row
+    text = console_text(NS(models=[model], run_stages={}))
+    assert interval_text(result) in text and "stable" in text
 
 
 def test_measure_latency_with_a_real_model_and_the_noisy_clock():
