@@ -83,6 +83,24 @@ def test_config_overrides_and_token_inputs_of_an_hf_spec(llama_dir: Path, tmp_pa
     assert tomllib.loads((tmp_path / "out.toml").read_text())["models"][0]["notes"] == "config only, no weights"
 
 
+def test_a_sweep_over_hf_configurations_and_sequence_lengths(llama_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """The common sweep: named models (their token inputs made from input_shape) at several sequence lengths."""
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    spec = spec_from_dict({"stages": ["count_params", "count_flops"], "execution": {"isolation": "in-process"},
+                           "sweep": {"seq_len": [32, 128]},
+                           "models": [{"name": "two", "source": f"hf:{llama_dir}", "input_shape": [1, 8]},
+                                      {"name": "one", "source": f"hf:{llama_dir}", "input_shape": [1, 8],
+                                       "config": {"num_hidden_layers": 1}}]})
+    run = run_spec(spec, output=None)
+    for name, layers in (("two", 2), ("one", 1)):
+        for seq in (32, 128):
+            model = run.model(f"{name}[seq_len={seq}]")
+            params, macs = llama_counts(layers=layers, seq=seq)
+            assert (model.result("count_params").total, model.result("count_flops").macs) == (params, macs)
+            assert model.coordinates == {"model": name, "seq_len": seq}
+
+
 def test_hf_inputs_are_token_ids_with_the_vocabulary_of_a_local_config(llama_dir: Path) -> None:
     assert hf.inputs(str(llama_dir), (1, 16), {}) == (InputSpec((1, 16), "int64", name="input_ids", high=32000),)
     assert hf.inputs(str(llama_dir), (1, 16), {"vocab_size": 99})[0].high == 99
