@@ -121,6 +121,8 @@ class FlopsResult:
     control_flow: tuple[str, ...] = ()
     #: The compiler's own figures for the same program (JAX: XLA's), with the differences explained.
     compiler_figures: CompilerFigures | None = None
+    #: Layers whose count was replayed from identical layers traced in full (torch on meta), one line per group.
+    replayed: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -195,6 +197,9 @@ class CountOptions:
     #: JAX: iterations to count a ``while`` loop whose trip count is not static (an upper bound you choose); such a
     #: loop is refused without it. Loops with a static trip count are always counted exactly.
     while_iterations: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(0)))
+    #: torch on meta: count identical layers of a stack by replaying two agreeing full traces (the same figures;
+    #: see rpx_plugins.torch.counter.repeats); false traces every layer.
+    replay_repeats: bool = True
 
 
 T = TypeVar("T")

@@ -163,7 +163,8 @@ def count_pass(ctx: StageContext, model: Any, device: str, options: CountOptions
     with torch.no_grad(), module_mode(model, training=options.mode == "train"):
         return count_model(model, args, kwargs, backward=options.backward, top_k=options.top_k,
                            module_depth=options.module_depth, formulas=ctx.plugins.op_formulas(),
-                           attention_backward=options.attention_backward, element_sizes=element_sizes(precision))
+                           attention_backward=options.attention_backward, element_sizes=element_sizes(precision),
+                           replay_repeats=options.replay_repeats)
 
 
 @hookimpl(trylast=True)

@@ -262,11 +262,13 @@ class Llama(nn.Module):
         return (torch.randint(self.config.vocab, (batch, seq_len), device=_device_of(self)),)
 
 
-def llama(preset: str = "tiny") -> Llama:
-    """A Llama-2-shaped decoder; build large presets on meta (``build_on_meta(llama, preset="llama2-70b")``)."""
+def llama(preset: str = "tiny", n_layers: int | None = None) -> Llama:
+    """A Llama-2-shaped decoder (``n_layers`` overrides the preset's); build large presets on meta
+    (``build_on_meta(llama, preset="llama2-70b")``)."""
     if preset not in LLAMA_PRESETS:
         raise ValueError(f"unknown llama preset {preset!r}; known: {', '.join(LLAMA_PRESETS)}")
-    return Llama(LLAMA_PRESETS[preset])
+    config = LLAMA_PRESETS[preset]
+    return Llama(config if n_layers is None else attrs.evolve(config, n_layers=n_layers))
 
 
 

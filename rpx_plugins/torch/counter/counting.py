@@ -17,6 +17,7 @@ from rpx_plugins.torch.counter.formulas import ATTENTION_BACKWARD_CONVENTIONS, A
 from rpx_plugins.torch.counter.ledger import Ledger
 from rpx_plugins.torch.counter.pricing import ElementSizes
 from rpx_plugins.torch.counter.registry import resolve
+from rpx_plugins.torch.counter.repeats import RepeatedBlocks
 from rpx_plugins.torch.counter.report import CountReport, summarise
 
 
@@ -66,6 +67,7 @@ def build_on_meta(factory: Callable[..., Model], **kwargs: Any) -> Model:
         return factory(**kwargs)
 
 
+
 def count_model(
     model: torch.nn.Module,
     args: tuple[Any, ...],
@@ -77,6 +79,7 @@ def count_model(
     formulas: Iterable[OpFormula] = (),
     attention_backward: str = "without_recompute",
     element_sizes: Mapping[torch.dtype, int] | None = None,
+    replay_repeats: bool = True,
 ) -> CountReport:
     """Run ONE real pass of ``model(*args, **kwargs)`` and count its FLOPs, bytes and activation memory.
 
@@ -90,7 +93,9 @@ def count_model(
 
     ``formulas`` are plugins' operator formulas (asked before the built-in ones); ``attention_backward`` says how a
     fused attention kernel's backward is counted (see CAUSAL_MASK_CONVENTION); ``element_sizes`` counts tensors of the
-    given dtypes at another size per element (fp8/int8 counted with a 2-byte stand-in dtype).
+    given dtypes at another size per element (fp8/int8 counted with a 2-byte stand-in dtype). ``replay_repeats``: on
+    meta without backward, identical layers of a stack are traced twice and replayed after (see
+    rpx_plugins.torch.counter.repeats; the figures are the same, ``FlopsResult.replayed`` says which calls were).
 
     Raises CountingError when an op cannot run on meta (data-dependent) or backward has nothing to differentiate,
     PluginError when a plugin's formula names no operator.
@@ -113,11 +118,13 @@ def count_model(
         stack.enter_context(CountingMode(ledger, on_meta))
         if on_meta:
             stack.enter_context(CpuAttentionOnMeta(ledger))
+        repeats = stack.enter_context(RepeatedBlocks(ledger)) if on_meta and replay_repeats and not backward else None
         outputs = _forward(model, args, kwargs, on_meta)
         ledger.stop_tracking()
         if backward:
             _backward(ledger, model, args, kwargs, outputs)
-    return summarise(ledger, args, kwargs, outputs, backward=backward, device=device, top_k=top_k, depth=module_depth)
+    return summarise(ledger, args, kwargs, outputs, backward=backward, device=device, top_k=top_k, depth=module_depth,
+                     replayed=repeats.lines() if repeats else ())
 
 
 def _device_of(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

@@ -146,9 +146,7 @@ class Ledger:
         self.tally[slot] = self.tally.get(slot, 0) + 1
         for read in price.weight_reads:
             offset = -1 if read.view is None else tensors[read.index].storage_offset()
-            view = (keys[read.index], offset, read.view)
-            if read.nbytes > self.weight_views.get(view, 0):
-                self.weight_views[view] = read.nbytes
+            self.read_weight((keys[read.index], offset, read.view), read.nbytes)
         if self.tracking:
             self._track_outputs(out, keys, price.outputs)
 
@@ -158,16 +156,47 @@ class Ledger:
             key = storage_key(tensor)
             if key is None or key in self.live or key in input_keys or key in self.weight_bytes:
                 continue
-            storage = tensor.untyped_storage()
-            nbytes = stored = storage.nbytes()
-            if self.sizes.overrides:  # fp8/int8 counted with a stand-in dtype
-                nbytes = self.sizes.storage_bytes(tensor, storage)
-            fp16 = stored // tensor.element_size() * 2 if tensor.is_floating_point() else nbytes
-            self.live[key] = (weakref.ref(storage, functools.partial(self._release, key)), nbytes, fp16)
-            self.live_bytes += nbytes
-            self.live_bytes_fp16 += fp16
-            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-            self.peak_bytes_fp16 = max(self.peak_bytes_fp16, self.live_bytes_fp16)
+            self.adopt(tensor, key)
+
+    def adopt(self, tensor: torch.Tensor, key: int | None = None) -> None:
+        """Track ``tensor``'s storage as a live activation from now until its last reference dies."""
+        key = storage_key(tensor) if key is None else key
+        storage = tensor.untyped_storage()
+        nbytes = stored = storage.nbytes()
+        if self.sizes.overrides:  # fp8/int8 counted with a stand-in dtype
+            nbytes = self.sizes.storage_bytes(tensor, storage)
+        fp16 = stored // tensor.element_size() * 2 if tensor.is_floating_point() else nbytes
+        self.live[key] = (weakref.ref(storage, functools.partial(self._release, key)), nbytes, fp16)
+        self.live_bytes += nbytes
+        self.live_bytes_fp16 += fp16
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self.peak_bytes_fp16 = max(self.peak_bytes_fp16, self.live_bytes_fp16)
+
+    def read_weight(self, view: tuple[Any, ...], nbytes: int) -> None:
+        """A weight view (storage, offset, view) read ``nbytes``: the fused count keeps the most bytes per view."""
+        if nbytes > self.weight_views.get(view, 0):
+            self.weight_views[view] = nbytes
+
+    @contextlib.contextmanager
+    def captured(self) -> Iterator[Capture]:
+        """What the ledger records inside the block, apart (for rpx_plugins.torch.counter.repeats), and also as usual:
+        calls, module calls, weight views, and the activation peak reached inside it."""
+        saved = self.tally, self.module_calls, self.weight_views, self.peak_bytes, self.peak_bytes_fp16
+        capture = Capture(self.live_bytes, self.live_bytes_fp16)
+        self.tally, self.module_calls, self.weight_views = capture.tally, capture.calls, capture.weight_views
+        self.peak_bytes, self.peak_bytes_fp16 = self.live_bytes, self.live_bytes_fp16
+        try:
+            yield capture
+        finally:
+            capture.peak, capture.peak_fp16 = self.peak_bytes, self.peak_bytes_fp16
+            self.tally, self.module_calls, self.weight_views = saved[:3]
+            self.peak_bytes, self.peak_bytes_fp16 = max(saved[3], capture.peak), max(saved[4], capture.peak_fp16)
+            for slot, count in capture.tally.items():
+                self.tally[slot] = self.tally.get(slot, 0) + count
+            for path, count in capture.calls.items():
+                self.module_calls[path] += count
+            for view, nbytes in capture.weight_views.items():
+                self.read_weight(view, nbytes)
 
     def _release(self, key: int, _ref: weakref.ref) -> None:
         entry = self.live.pop(key, None)
@@ -180,3 +209,14 @@ class Ledger:
         self.tracking = False
         self.live.clear()
 
+
+
+class Capture:
+    """One captured block's records (see Ledger.captured); the peaks are set when the block ends."""
+
+    def __init__(self, live_at_entry: int, live_fp16_at_entry: int) -> None:
+        self.live_at_entry, self.live_fp16_at_entry = live_at_entry, live_fp16_at_entry
+        self.tally: dict[tuple[Any, tuple[str, str]], int] = {}
+        self.calls: dict[str, int] = defaultdict(int)
+        self.weight_views: dict[tuple[Any, ...], int] = {}
+        self.peak = self.peak_fp16 = 0

@@ -85,6 +85,7 @@ def summarise(
     device: str,
     top_k: int | None,
     depth: int,
+    replayed: tuple[str, ...] = (),
 ) -> CountReport:
     total = _Totals()
     weight_read = 0
@@ -120,6 +121,7 @@ def summarise(
         module_depth=depth,
         top_k=top_k,
         counted_inputs=_input_descriptions(args, kwargs),
+        replayed=replayed,
         plugin_formulas={
             info.label: info.plugin.plugin for info in ledger.infos.values() if info.plugin and info.label in by_operator
         },
