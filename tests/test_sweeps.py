@@ -265,3 +265,46 @@ def test_a_third_party_executor_is_a_plugin_like_any_other(write_spec, tmp_path)
     wrong = rpx_cli("run", str(spec), "--executor", "reverse", env={"PYTHONPATH": str(site)})
     assert wrong.returncode == 2 and "execution.executor_options" in wrong.stderr and "nodes" in wrong.stderr, \
         wrong.stderr
+
+
+def test_a_shape_sweep_of_one_deep_model_replays_its_layers_with_the_figures_of_a_full_trace(write_spec, tmp_path):
+    """The shape sweep of one big model, small: every figure (Tier 1 and the roofline) of every point equals counting
+    that point with every layer traced."""
+    text = """
+        name = "shapes"
+        precision = "bf16"
+        stages = ["count_params", "count_flops", "estimate_traffic", "roofline"]
+        gpus = ["H100-SXM", "A100-SXM-80GB"]
+
+        [options.count_flops]
+        count_on = "meta"
+        {replay}
+
+        [[models]]
+        name = "llama"
+        source = "rpx_plugins.torch.zoo:llama"
+        kwargs = {{ preset = "tiny", n_layers = 6 }}
+        meta_only = true
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 128 }}]
+
+        [sweep]
+        seq_len = [8, 16, 24, 64]
+        batch_size = [1, 2]
+    """
+    replayed = rpx.run(write_spec(text.format(replay="")), output=tmp_path / "replayed.toml")
+    traced = rpx.run(write_spec(text.format(replay="replay_repeats = false"), "traced-spec.toml"),
+                     output=tmp_path / "traced.toml")
+
+    def all_figures(run) -> dict:
+        found = {}
+        for model in run.models:
+            for stage in (*COUNTS, "roofline"):
+                result = converter.unstructure(model.result(stage))
+                result.pop("replayed", None)
+                found[model.name, stage] = result
+        return found
+
+    assert len(replayed.models) == 8
+    assert all(model.result("count_flops").replayed for model in replayed.models)
+    assert not any(model.result("count_flops").replayed for model in traced.models)
+    assert all_figures(replayed) == all_figures(traced)
