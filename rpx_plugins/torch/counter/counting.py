@@ -15,6 +15,7 @@ from rpx_plugins.torch.counter.containers import tensors_within
 from rpx_plugins.torch.counter.fast_paths import CpuAttentionOnMeta
 from rpx_plugins.torch.counter.formulas import ATTENTION_BACKWARD_CONVENTIONS, ATTENTION_BACKWARD_WITH_RECOMPUTE
 from rpx_plugins.torch.counter.ledger import Ledger
+from rpx_plugins.torch.counter.meta_outputs import MetaOutputs
 from rpx_plugins.torch.counter.pricing import ElementSizes
 from rpx_plugins.torch.counter.registry import resolve
 from rpx_plugins.torch.counter.repeats import RepeatedBlocks
@@ -32,11 +33,12 @@ class CountingMode(TorchDispatchMode):
         super().__init__()
         self.ledger = ledger
         self.on_meta = on_meta
+        self.remembered = MetaOutputs() if on_meta else None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         try:
-            out = func(*args, **kwargs)
+            out = self.remembered.call(func, args, kwargs) if self.remembered else func(*args, **kwargs)
         except (RuntimeError, NotImplementedError) as error:
             if self.on_meta and "meta" in str(error).lower():
                 raise meta_error(str(func), error) from error

@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 import torch
 
+from rpx_plugins.torch.counter.containers import tensors_within
 from rpx_plugins.torch.counter.ledger import FORWARD, Ledger
 from rpx_plugins.torch.counter.pricing import storage_key
 
@@ -153,7 +154,7 @@ class RepeatedBlocks:
     def _trace(self, module: torch.nn.Module, path: str, forward: Any, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> tuple[Any, Effect | None]:
         ledger = self.ledger
-        entry_storages = {key for key in map(storage_key, _tensors((args, kwargs)))}
+        entry_storages = {key for key in map(storage_key, tensors_within((args, kwargs)))}
         with ledger.captured() as capture:
             output = forward(*args, **kwargs)
         try:
@@ -293,17 +294,6 @@ def _describe(value: Any, storages: list[int | None]) -> Any:
     if type(value) is dict:
         return dict, tuple((k, _describe(v, storages)) for k, v in value.items())
     raise Unkeyable(f"an argument of type {type(value).__name__}")
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
 
 
 def _rebuild(value: Any, each: Any) -> Any:
