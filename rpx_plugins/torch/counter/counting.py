@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rpx_core.errors import UnsupportedError
@@ -65,8 +66,21 @@ Model = TypeVar("Model", bound=torch.nn.Module)
 
 def build_on_meta(factory: Callable[..., Model], **kwargs: Any) -> Model:
     """Build a module on the meta device: parameters have shapes and dtypes but no storage, so any size fits."""
-    with torch.device("meta"):
+    with torch.device("meta"), InitsSkippedOnMeta():
         return factory(**kwargs)
+
+
+class InitsSkippedOnMeta(TorchFunctionMode):
+    """``torch.nn.init`` initialisers return meta tensors untouched: they only fill values, which meta tensors do not
+    have, and they are half of building a large model on meta (kaiming_uniform_'s fan computations per Linear)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
 
 
 
