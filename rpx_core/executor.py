@@ -8,8 +8,9 @@ died in is failed with the exit code or signal and the tail of the worker's stde
 failed as timed out, and the stages after it are skipped with the reason. On SIGINT/SIGTERM the running stage is
 reported as interrupted and ``run`` raises :class:`rpx_core.interrupts.Interrupted`.
 
-* :class:`WorkerExecutor` (the default): one worker process per task, forked from a zygote that imported the
-  framework once; rpx's own process never runs user code. Time limits are hard (the worker's process group is killed).
+* :class:`WorkerExecutor` (the default): tasks in worker processes forked from a zygote that imported the
+  framework once (a measured task in a fresh one of its own; others may follow each other in one); rpx's own
+  process never runs user code. Time limits are hard (the worker's process group is killed).
 * :class:`InProcessExecutor`: everything in this process (debuggers; live model objects from the Python API). Time
   limits interrupt Python code through SIGALRM (main thread only); a crash in user code ends rpx.
 
@@ -122,26 +123,49 @@ def setup_for(plugins: Any) -> Setup:
 
 
 class WorkerExecutor:
-    """One worker process per task; the limits are enforced here, from outside the worker."""
+    """Tasks in worker processes; the limits are enforced here, from outside the worker.
+
+    A measured task gets a fresh worker of its own, ended after it. A task that only counts and bounds takes an
+    idle worker whose earlier tasks all ended cleanly and measured nothing, if there is one (forking a torch-sized
+    process and ending it costs more than such a task), and leaves it idle for the next; a worker that crashed,
+    timed out, was interrupted or could not start its task is ended. :meth:`close` ends the idle ones."""
 
     def __init__(self, setup: Setup, limits: Execution, preload: tuple[str, ...] = ()) -> None:
         self.setup = setup
         self.limits = limits
         self.preload = preload  # imported in the zygote before it forks (the backend's worker_preload)
         self._running: set[Worker] = set()  # workers of tasks running now (several, from an executor's threads)
+        self._idle: list[Worker] = []
         self._lock = threading.Lock()
 
     def run(self, task: Task, report: Report) -> None:
-        worker = Zygote.shared().start(self.preload, self.setup.disabled)
+        with self._lock:
+            worker = self._idle.pop() if self._idle and not task.measured else None
+        if worker is None:
+            worker = Zygote.shared().start(self.preload, self.setup.disabled)
         with self._lock:
             self._running.add(worker)
+        clean = False
         try:
+            worker.begin_task()
             worker.connection.send(self.setup)
             worker.connection.send(task)
-            _Supervisor(worker, task, report, self.limits).follow()
+            supervisor = _Supervisor(worker, task, report, self.limits)
+            supervisor.follow()
+            clean = supervisor.clean and not task.measured
         finally:
             with self._lock:
                 self._running.discard(worker)
+                if clean:
+                    self._idle.append(worker)
+            if not clean:
+                worker.close()
+
+    def close(self) -> None:
+        """End the idle workers (at the end of a run)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for worker in idle:
             worker.close()
 
     def interrupt(self, signum: int) -> None:
@@ -163,6 +187,7 @@ class _Supervisor:
         self.stage_deadline = Deadline()
         self.stage_started = 0.0
         self.finished: list[str] = []
+        self.clean = False  # the worker said the task was done, having reported every stage itself
 
     def follow(self) -> None:
         try:
@@ -185,6 +210,7 @@ class _Supervisor:
                 self._end(self._death())
                 return
             if event is None:  # the worker finished the task
+                self.clean = set(self.finished) == set(self.task.stages)
                 return
             if isinstance(event, tuple) and event[0] == "error":
                 self._end(event[1], traceback=event[2])
@@ -254,6 +280,11 @@ class Worker:
         self._exitcode: int | None = None
         self._reader = threading.Thread(target=self._forward, args=(stderr_fd,), daemon=True, name=f"rpx-stderr-{pid}")
         self._reader.start()
+
+    def begin_task(self) -> None:
+        """A new task starts in this worker: its stderr tail starts afresh."""
+        self._tail.clear()
+        self._tail_chars = 0
 
     def next_event(self, timeout: float) -> Any:
         """The next event, ``None`` when the task is done, ``_TIMEOUT`` or ``_DEAD``."""

@@ -1,7 +1,10 @@
 """Running a plan: each model through its stages in order, failures recorded, dependants skipped, results kept.
 
-The results file is rewritten after every stage, so a crash, an interrupt or a failing later stage never loses what
-was already measured. Stage code never sees another model's objects: each job gets its own context (in its own
+The results file is rewritten atomically as results arrive, so a crash, an interrupt or a failing later stage never
+loses what was already measured: at once after a measured stage, a failure, an interruption or a job placed on a
+node, and before a measured stage starts; results that only count and bound (cheap to compute again) at most every
+WRITE_INTERVAL seconds, so a sweep of many small jobs does not rewrite a growing file after each of its stages. A
+SIGKILL of rpx loses at most that window of Tier 1/2 results, which ``--resume`` computes again. Stage code never sees another model's objects: each job gets its own context (in its own
 worker process by default, see rpx_core.executor), released after it. This process only plans, supervises and writes.
 """
 
@@ -13,6 +16,7 @@ import platform
 import shlex
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal
 
@@ -45,8 +49,15 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+#: Seconds between two writes of results that only count and bound (see the module docstring).
+WRITE_INTERVAL = 0.5
+
+Save = Literal["now", "due", "later"]
+
+
 class ResultsFile:
-    """The run's results, rewritten atomically whenever something new is known, never over an input of the run."""
+    """The run's results, rewritten atomically when something new is known (see the module docstring for when),
+    never over an input of the run."""
 
     def __init__(self, run: RunResult, path: Path | None, fmt: Literal["toml", "json"] | None = None,
                  protected: tuple[Path, ...] = (), order: tuple[str, ...] = ()) -> None:
@@ -55,18 +66,30 @@ class ResultsFile:
         self.fmt = fmt
         self.protected = protected
         self.order = order  # job names in the plan's order
+        self.unsaved = False
+        self.saved_at = float("-inf")
 
-    def update(self, *, save: bool = True, **changes: Any) -> None:
+    def update(self, *, save: Save = "now", **changes: Any) -> None:
+        """Apply ``changes``; write now, when WRITE_INTERVAL has passed since the last write ("due"), or later."""
         self.run = attrs.evolve(self.run, **changes)
-        if self.path is not None and save:
-            try:
-                write(self.run, self.path, self.fmt, self.protected)
-            except OutputError:
-                raise
-            except OSError as exc:
-                raise OutputError(f"cannot write results to {self.path}: {exc.strerror or exc}") from None
+        self.unsaved = True
+        if save == "now" or (save == "due" and time.monotonic() - self.saved_at >= WRITE_INTERVAL):
+            self.flush()
 
-    def put_model(self, model: ModelResult, *, save: bool = True) -> None:
+    def flush(self) -> None:
+        """Write what is not written yet."""
+        if self.path is None or not self.unsaved:
+            return
+        try:
+            write(self.run, self.path, self.fmt, self.protected)
+        except OutputError:
+            raise
+        except OSError as exc:
+            raise OutputError(f"cannot write results to {self.path}: {exc.strerror or exc}") from None
+        self.unsaved = False
+        self.saved_at = time.monotonic()
+
+    def put_model(self, model: ModelResult, *, save: Save = "now") -> None:
         """Add or replace ``model``; a new one goes in the plan's order (``order``), whichever job reports first."""
         models = list(self.run.models)
         index = next((i for i, m in enumerate(models) if m.name == model.name), None)
@@ -131,10 +154,18 @@ def run_plan(
             if job.backend in backends:
                 backends[job.backend].check_device(job.device)
         executor, env = choose_executor(plan, plugins, execution, model_objects, backends)
-        run_jobs([job for job in plan.jobs if job.backend not in unavailable], plan, plugins, executor, env, results,
-                 listener, previous, observer)
-        for name in plan.run_stages:
-            run_run_stage(name, plan, plugins, env.runner, results, listener, previous, observer)
+        try:
+            run_jobs([job for job in plan.jobs if job.backend not in unavailable], plan, plugins, executor, env,
+                     results, listener, previous, observer)
+            for name in plan.run_stages:
+                run_run_stage(name, plan, plugins, env.runner, results, listener, previous, observer)
+        except BaseException:
+            with contextlib.suppress(OutputError):  # the error on its way out says more than a failed last write
+                results.flush()
+            raise
+        finally:
+            if isinstance(env.runner, WorkerExecutor):
+                env.runner.close()
         results.update(provenance=attrs.evolve(results.run.provenance, finished=now()))
         return results.run
 
@@ -180,13 +211,14 @@ def executor_options(executor: Executor, execution: Execution, where: str) -> An
 def run_jobs(jobs: list[Job], plan: Plan, plugins: Plugins, executor: Executor, env: Environment,
              results: ResultsFile, listener: Listener | None, previous: Resumed | None,
              observer: Observer | None = None) -> None:
-    """Hand every unfinished job to the executor; each outcome is recorded and written as soon as it is known, in
-    whatever order and from whatever thread the executor reports it."""
+    """Hand every unfinished job to the executor; each outcome is recorded and written as the module docstring says,
+    in whatever order and from whatever thread the executor reports it."""
     lock = threading.RLock()
     registry = plugins.stages(plan.spec.choose)
     items = [item for job in jobs
              if (item := work_item(job, plan, plugins, registry, results, listener, previous, lock,
                                    observer)) is not None]
+    results.flush()  # what a resumed run kept, before anything runs
     executor.run(items, env)
 
 
@@ -196,13 +228,13 @@ def work_item(job: Job, plan: Plan, plugins: Plugins, registry: Any, results: Re
     """The job as an executor receives it, its model entry written; None when a resumed run already finished it."""
     done = previous.finished_model(job.name) if previous else None
     if done is not None:
-        results.put_model(done)
+        results.put_model(done, save="later")  # already on disk in the resumed file; written with the next change
         return None
     records = previous.kept_stages(job.name) if previous else {}
     todo = tuple(name for name in job.stages if name not in records)
     model = _model_result(job, records, finished=not todo)
     if records or not todo:  # else written when it starts: a job not started yet is not in the file
-        results.put_model(model)
+        results.put_model(model, save="later")
     if not todo:
         return None
     left = set(todo)
@@ -214,7 +246,9 @@ def work_item(job: Job, plan: Plan, plugins: Plugins, registry: Any, results: Re
         with lock:
             if isinstance(event, Started) and not any(m.name == job.name for m in results.run.models):
                 model = attrs.evolve(model, started=now())
-                results.put_model(model, save=False)  # written with its first record, a moment later
+                results.put_model(model, save="later")  # written with its first record, a moment later
+            if isinstance(event, Started) and registry[event.stage].measures:
+                results.flush()  # what came before is on disk before anything is timed
             if isinstance(event, Placed):
                 model = attrs.evolve(model, node=event.node)
                 results.put_model(model)
@@ -226,14 +260,15 @@ def work_item(job: Job, plan: Plan, plugins: Plugins, registry: Any, results: Re
                 model = attrs.evolve(model, stages=ordered, summary=summarise(ordered, registry),
                                      setup=setup_by_phase(ordered.values()),
                                      finished=None if left or interrupted else now())
-                results.put_model(model)
+                cheap = event.record.status in ("ok", "not_applicable", "skipped") and not registry[event.stage].measures
+                results.put_model(model, save="due" if cheap else "now")
                 if listener:
                     listener(job.name, event.stage, event.record)
 
     kept = {name: record for name, record in records.items()}
     measured = any(registry[name].measures for name in todo)
     gpu = measured and job.device.partition(":")[0] not in ("cpu", "meta")
-    task = Task("model", (job,), todo, (kept,), plan.spec.choose, plan.gpu_catalog)
+    task = Task("model", (job,), todo, (kept,), plan.spec.choose, plan.gpu_catalog, measured=measured)
     return WorkItem(job.name, task, measured, Resources(gpus=1.0 if gpu else 0.0, accelerator=job.machine), report)
 
 
@@ -260,7 +295,7 @@ def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Runner, res
         report(Finished(name, run_stage(stage, None, plugins, failed)))
         return
     kept = tuple(results.run.model(job.name).stages for job in plan.jobs)
-    task = Task("run", plan.jobs, (name,), kept, plan.spec.choose, plan.gpu_catalog,
+    task = Task("run", plan.jobs, (name,), kept, plan.spec.choose, plan.gpu_catalog, measured=stage.measures,
                 options=plan.options.get(name), previous=earlier.result if earlier is not None else None)
     executor.run(task, report)
 

@@ -6,8 +6,9 @@ fails the stage, ``sys.exit`` fails the stage (the run goes on), an interruption
 whatever it handed back, then stops.
 
 :func:`main` is the *zygote*: a process that imports the framework and rpx's plugins once and then
-forks one worker per job on request (see :mod:`rpx_core.executor`). A forked worker inherits the imports, so no job
-pays for importing torch again, and starts in a fresh copy of a process that never ran user code.
+forks workers on request (see :mod:`rpx_core.executor`). A forked worker inherits the imports, so no job pays for
+importing torch again, and starts in a fresh copy of a process that never ran user code; a job that measures always
+gets a fresh one, while jobs that only count and bound may follow each other in one worker (no fork per job).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class Task:
     gpu_catalog: Any  # rpx_core.gpus.GPUCatalog
     options: Any = None  # the run-scoped stage's options
     previous: Any = None
+    #: A stage times the machine: the task gets a fresh worker process of its own (others may share one in turn).
+    measured: bool = False
 
     @property
     def label(self) -> str:
@@ -289,18 +292,33 @@ def _names(identity: tuple[tuple[str, str, str], ...]) -> str:
     return ", ".join(f"{name} ({dist} {version})" for name, dist, version in identity) or "none"
 
 
-def serve_job(connection: Any) -> None:
-    """A forked worker: receive the setup, then the task; run it, send each event, then a final ``None``."""
+def serve_jobs(connection: Any) -> None:
+    """A forked worker: serve tasks until the parent sends ``None`` or goes away. Each task comes as its setup, then
+    the task; the worker runs it, sends each event, then a final ``None``. The parent sends a second task only to a
+    worker whose first ended cleanly and measured nothing (see rpx_core.executor.WorkerExecutor)."""
     import faulthandler
 
     faulthandler.enable()  # a segfault in user code leaves the Python stack in the stderr tail
-    setup = connection.recv()  # first, so the task's classes (a plugin's options) import from the parent's path
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _raise_interrupted)
+    defaults = _global_modes()
+    while True:
+        try:
+            setup = connection.recv()  # first, so the task's classes (a plugin's options) import from its path
+        except EOFError:
+            return
+        if setup is None:
+            return
+        _restore_global_modes(defaults)
+        serve_job(connection, setup)
+
+
+def serve_job(connection: Any, setup: Setup) -> None:
+    """One task in this worker, in the parent's environment, import path and folder."""
     os.environ.clear()
     os.environ.update(setup.environ)
     sys.path[:] = list(setup.sys_path)
     os.chdir(setup.cwd)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _raise_interrupted)
     try:
         task = connection.recv()
         plugins = load_plugins(setup)
@@ -310,6 +328,22 @@ def serve_job(connection: Any) -> None:
     except Exception as exc:  # the worker could not even start the task: the parent records it on the stage
         connection.send(("error", f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(exc))))
     connection.send(None)
+
+
+def _global_modes() -> dict[str, Any]:
+    """torch's process-wide modes a model's code may change (default dtype, grad mode), as the worker started."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    return {"dtype": torch.get_default_dtype(), "grad": torch.is_grad_enabled()}
+
+
+def _restore_global_modes(modes: dict[str, Any]) -> None:
+    """Before a worker's next task: torch's process-wide modes as they were when it started."""
+    torch = sys.modules.get("torch")
+    if torch is not None and modes:
+        torch.set_default_dtype(modes["dtype"])
+        torch.set_grad_enabled(modes["grad"])
 
 
 def _raise_interrupted(signum: int, frame: Any) -> None:
@@ -378,7 +412,7 @@ def _become_worker(job_fd: int, stderr_fd: int) -> None:
         os.dup2(stderr_fd, 2)
         os.close(stderr_fd)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        serve_job(Connection(job_fd))
+        serve_jobs(Connection(job_fd))
     except BaseException:
         traceback.print_exc()
         code = 70

@@ -42,3 +42,28 @@ def always_dies() -> torch.nn.Module:
     """Kills the process building it, every time."""
     os.kill(os.getpid(), signal.SIGKILL)
     raise AssertionError("unreachable")
+
+
+def pid_linear(log: str, default_dtype: str | None = None) -> torch.nn.Module:
+    """A TokenLinear that appends the building process's id (and its default dtype) to ``log``, and optionally sets
+    torch's default dtype, a process-wide mode a reused worker must not pass on to the next job."""
+    with open(log, "a") as handle:
+        handle.write(f"{os.getpid()} {str(torch.get_default_dtype()).removeprefix('torch.')}\n")
+    if default_dtype is not None:
+        torch.set_default_dtype(getattr(torch, default_dtype))
+    return token_linear()
+
+
+def dies_in_worker(log: str) -> torch.nn.Module:
+    """Logs like pid_linear, then kills the process building it."""
+    pid_linear(log)
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")
+
+
+def slow_linear(seconds: float) -> torch.nn.Module:
+    """A TokenLinear that takes ``seconds`` to build: a sweep long enough to be killed in the middle."""
+    import time
+
+    time.sleep(seconds)
+    return token_linear()

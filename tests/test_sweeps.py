@@ -308,3 +308,101 @@ def test_a_shape_sweep_of_one_deep_model_replays_its_layers_with_the_figures_of_
     assert all(model.result("count_flops").replayed for model in replayed.models)
     assert not any(model.result("count_flops").replayed for model in traced.models)
     assert all_figures(replayed) == all_figures(traced)
+
+
+def test_jobs_that_only_count_follow_each_other_in_one_worker_and_a_crash_ends_only_its_own(write_spec, tmp_path):
+    """No fork per counting job: one worker serves them in turn, each in the process-wide torch modes the worker
+    started with; a worker that dies takes only its job, the next job gets a fresh worker, and a measured job always
+    gets a fresh worker of its own."""
+    log = tmp_path / "pids.log"
+    models = "".join(f"""
+        [[models]]
+        name = "{name}"
+        source = "{MODELS}:{factory}"
+        kwargs = {{ log = "{log}"{extra} }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+    """ for name, factory, extra in [("a", "pid_linear", ', default_dtype = "float64"'), ("b", "pid_linear", ""),
+                                     ("c", "dies_in_worker", ""), ("d", "pid_linear", ""), ("e", "pid_linear", "")])
+    spec = write_spec(f"""
+        backend = "cpu"  # named, so rpx does not build the first model to infer it
+        stages = ["count_params", "count_flops"]
+        [execution]
+        executor_options = {{ workers = 1 }}
+        {models}
+    """)
+    result = rpx.run(spec, output=tmp_path / "out.toml")
+    pids, dtypes = zip(*(line.split() for line in log.read_text().splitlines()))
+    assert pids[0] == pids[1] == pids[2] != pids[3] == pids[4]  # c's worker died with it; d started a new one
+    assert dtypes == ("float32",) * 5  # a's float64 default did not follow it into b
+    assert result.model("c").stages["count_params"].status == "failed"
+    assert all(result.model(name).ok for name in "abde")
+    assert result.model("b").result("count_flops").matrix_flops == 2 * 8 * 8 * 4
+
+    log.unlink()
+    measured = write_spec(f"""
+        backend = "cpu"
+        stages = ["count_params", "measure_latency"]
+        [options.measure_latency]
+        warmup_calls = 1
+        warmup_seconds = 0
+        min_samples = 3
+        max_seconds = 0.5
+        [[models]]
+        name = "m1"
+        source = "{MODELS}:pid_linear"
+        kwargs = {{ log = "{log}" }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+        [[models]]
+        name = "m2"
+        source = "{MODELS}:pid_linear"
+        kwargs = {{ log = "{log}" }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+    """, "measured.toml")
+    assert rpx.run(measured, output=tmp_path / "measured-out.toml").ok
+    pids = [line.split()[0] for line in log.read_text().splitlines()]  # each built on meta, then for real
+    assert len(pids) == 4 and pids[0] == pids[1] != pids[2] == pids[3]
+
+
+def test_a_sweep_killed_mid_run_keeps_what_was_written_and_resume_finishes_it(write_spec, tmp_path):
+    """Results that only count are written at most every WRITE_INTERVAL: a SIGKILL of rpx itself loses at most that
+    window, the file on disk is whole, and --resume computes the rest, to the figures of an uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from rpx_core.pipeline import WRITE_INTERVAL
+
+    spec = write_spec(f"""
+        backend = "cpu"
+        stages = ["count_params", "count_flops", "estimate_traffic"]
+        [execution]
+        executor_options = {{ workers = 1 }}
+        [[models]]
+        name = "slow"
+        source = "{MODELS}:slow_linear"
+        kwargs = {{ seconds = 0.25 }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+        [sweep]
+        batch_size = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    """)
+    output = tmp_path / "out.toml"
+    process = subprocess.Popen([sys.executable, "-m", "rpx_core.cli", "run", str(spec), "-o", str(output), "--quiet"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until a few jobs are on disk
+        if output.exists() and output.read_text().count("finished = ") >= 3:
+            break
+        time.sleep(0.05)
+    time.sleep(WRITE_INTERVAL)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    killed = load(output)
+    done = [model.name for model in killed.models if model.finished]
+    assert 3 <= len(done) < 12
+    assert all(model.ok for model in killed.models if model.finished)
+
+    resumed = rpx_cli("run", str(spec), "-o", str(output), "--resume", "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    whole = rpx.run(spec, output=tmp_path / "whole.toml")
+    assert figures(load(output)) == figures(whole)
