@@ -154,11 +154,11 @@ class RepeatedBlocks:
     def _trace(self, module: torch.nn.Module, path: str, forward: Any, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> tuple[Any, Effect | None]:
         ledger = self.ledger
-        entry_storages = {key for key in map(storage_key, tensors_within((args, kwargs)))}
+        entry_storages = set(map(storage_key, tensors_within((args, kwargs))))
         with ledger.captured() as capture:
             output = forward(*args, **kwargs)
         try:
-            outputs, output_bytes, output_fp16 = self._output_shapes(output, entry_storages, capture.live_at_entry)
+            outputs, output_bytes, output_fp16 = self._output_shapes(output, entry_storages)
         except Unkeyable:
             return output, None
         if (ledger.live_bytes - capture.live_at_entry, ledger.live_bytes_fp16 - capture.live_fp16_at_entry) \
@@ -177,7 +177,7 @@ class RepeatedBlocks:
         return output, Effect(tally, calls, reads, capture.peak - capture.live_at_entry,
                               capture.peak_fp16 - capture.live_fp16_at_entry, outputs)
 
-    def _output_shapes(self, output: Any, entry_storages: set[Any], live_at_entry: int) -> tuple[Any, int, int]:
+    def _output_shapes(self, output: Any, entry_storages: set[Any]) -> tuple[Any, int, int]:
         """The output's structure for replay, and the live bytes its storages hold (each once)."""
         counted: dict[int, tuple[int, int]] = {}
 
