@@ -3,9 +3,11 @@
 The results file is rewritten atomically as results arrive, so a crash, an interrupt or a failing later stage never
 loses what was already measured: at once after a measured stage, a failure, an interruption or a job placed on a
 node, and before a measured stage starts; results that only count and bound (cheap to compute again) at most every
-WRITE_INTERVAL seconds, so a sweep of many small jobs does not rewrite a growing file after each of its stages. A
-SIGKILL of rpx loses at most that window of Tier 1/2 results, which ``--resume`` computes again. Stage code never sees another model's objects: each job gets its own context (in its own
-worker process by default, see rpx_core.executor), released after it. This process only plans, supervises and writes.
+WRITE_INTERVAL seconds and at most WRITE_INTERVAL after they arrive, so a sweep of many small jobs does not rewrite
+a growing file after each of its stages. A SIGKILL of rpx loses at most that window of Tier 1/2 results, which
+``--resume`` computes again. Stage code never sees another model's objects: each job gets its own context (in its
+own worker process by default, see rpx_core.executor), released after it. This process only plans, supervises and
+writes.
 """
 
 from __future__ import annotations
@@ -66,28 +68,45 @@ class ResultsFile:
         self.fmt = fmt
         self.protected = protected
         self.order = order  # job names in the plan's order
+        self.lock = threading.RLock()  # held by whoever changes or writes the results (executors' threads, timer)
         self.unsaved = False
         self.saved_at = float("-inf")
+        self.timer: threading.Timer | None = None
 
     def update(self, *, save: Save = "now", **changes: Any) -> None:
-        """Apply ``changes``; write now, when WRITE_INTERVAL has passed since the last write ("due"), or later."""
-        self.run = attrs.evolve(self.run, **changes)
-        self.unsaved = True
-        if save == "now" or (save == "due" and time.monotonic() - self.saved_at >= WRITE_INTERVAL):
-            self.flush()
+        """Apply ``changes``; write now, "due": once WRITE_INTERVAL has passed since the last write (from a timer if
+        need be), or "later": with the next write."""
+        with self.lock:
+            self.run = attrs.evolve(self.run, **changes)
+            self.unsaved = True
+            wait = self.saved_at + WRITE_INTERVAL - time.monotonic()
+            if save == "now" or (save == "due" and wait <= 0):
+                self.flush()
+            elif save == "due" and self.timer is None and self.path is not None:
+                self.timer = threading.Timer(wait, self._flush_when_due)
+                self.timer.daemon = True
+                self.timer.start()
 
     def flush(self) -> None:
         """Write what is not written yet."""
-        if self.path is None or not self.unsaved:
-            return
-        try:
-            write(self.run, self.path, self.fmt, self.protected)
-        except OutputError:
-            raise
-        except OSError as exc:
-            raise OutputError(f"cannot write results to {self.path}: {exc.strerror or exc}") from None
-        self.unsaved = False
-        self.saved_at = time.monotonic()
+        with self.lock:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            if self.path is None or not self.unsaved:
+                return
+            try:
+                write(self.run, self.path, self.fmt, self.protected)
+            except OutputError:
+                raise
+            except OSError as exc:
+                raise OutputError(f"cannot write results to {self.path}: {exc.strerror or exc}") from None
+            self.unsaved = False
+            self.saved_at = time.monotonic()
+
+    def _flush_when_due(self) -> None:
+        with contextlib.suppress(OutputError):  # the next write in the run's own thread reports it
+            self.flush()
 
     def put_model(self, model: ModelResult, *, save: Save = "now") -> None:
         """Add or replace ``model``; a new one goes in the plan's order (``order``), whichever job reports first."""
@@ -213,10 +232,9 @@ def run_jobs(jobs: list[Job], plan: Plan, plugins: Plugins, executor: Executor, 
              observer: Observer | None = None) -> None:
     """Hand every unfinished job to the executor; each outcome is recorded and written as the module docstring says,
     in whatever order and from whatever thread the executor reports it."""
-    lock = threading.RLock()
     registry = plugins.stages(plan.spec.choose)
     items = [item for job in jobs
-             if (item := work_item(job, plan, plugins, registry, results, listener, previous, lock,
+             if (item := work_item(job, plan, plugins, registry, results, listener, previous, results.lock,
                                    observer)) is not None]
     results.flush()  # what a resumed run kept, before anything runs
     executor.run(items, env)

@@ -10,6 +10,7 @@ import textwrap
 import threading
 from pathlib import Path
 
+import attrs
 import pytest
 
 import rpx_core as rpx
@@ -196,3 +197,25 @@ def test_resume_accepts_other_limits_and_refuses_another_spec_naming_what_change
     assert (tmp_path / "out.toml").read_text() == resumed
     assert rpx.load_results(tmp_path / "out.toml").model("lin").stages["count_params"].result.total == 8 + 2
     assert "count_params" in first
+
+
+def test_results_that_only_count_are_written_within_the_write_interval_even_if_nothing_else_happens(tmp_path):
+    """A "due" change just after a write waits for the interval, then a timer writes it: a long job running after a
+    short one cannot hold the short one's results back."""
+    import time
+
+    from rpx_core.pipeline import WRITE_INTERVAL, ResultsFile
+    from rpx_core.results import Provenance, load
+
+    path = tmp_path / "out.toml"
+    results = ResultsFile(RunResult(Provenance("0.1.0", "3.11", "now", "0" * 16, {})), path)
+    results.update()
+    results.update(save="due", provenance=attrs.evolve(results.run.provenance, command="rpx run later"))
+    assert load(path).provenance.command is None  # not yet: the interval has not passed
+    time.sleep(WRITE_INTERVAL + 0.5)
+    assert load(path).provenance.command == "rpx run later"
+    results.update(save="later", provenance=attrs.evolve(results.run.provenance, command="with the next write"))
+    time.sleep(WRITE_INTERVAL + 0.2)
+    assert load(path).provenance.command == "rpx run later"
+    results.flush()
+    assert load(path).provenance.command == "with the next write"
