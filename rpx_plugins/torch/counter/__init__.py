@@ -19,7 +19,8 @@ The package, one concern per module: ``registry`` (how formulas are registered a
 ``formulas`` (every built-in formula, registered where it is defined), ``operators`` (the zero-FLOP kinds of operator
 and what each schema says), ``pricing`` (one call's FLOPs and bytes), ``ledger`` (one pass's bookkeeping),
 ``fast_paths`` (torch-version-specific mimicry of CPU kernel choices on meta), ``containers`` (tensors inside whatever
-a model returns), ``report`` (results), ``counting`` (the pass itself).
+a model returns), ``meta_outputs`` (outputs of identical meta calls made without their kernels), ``repeats``
+(identical layers of a stack replayed from two agreeing traces), ``report`` (results), ``counting`` (the pass itself).
 
 This package imports torch: import it lazily, inside a stage.
 """
