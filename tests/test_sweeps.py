@@ -406,3 +406,52 @@ def test_a_sweep_killed_mid_run_keeps_what_was_written_and_resume_finishes_it(wr
     assert resumed.returncode == 0, resumed.stderr
     whole = rpx.run(spec, output=tmp_path / "whole.toml")
     assert figures(load(output)) == figures(whole)
+
+
+def test_results_held_back_are_written_within_the_window_while_a_long_job_runs(write_spec, tmp_path):
+    """A quick job's last counts, held back by the write interval, reach the disk within WRITE_INTERVAL even though
+    the next job sends nothing for seconds; a SIGKILL of rpx then keeps them, and --resume runs only the long job."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from rpx_core.pipeline import WRITE_INTERVAL
+
+    log = tmp_path / "pids.log"
+    spec = write_spec(f"""
+        backend = "cpu"
+        stages = ["count_params", "count_flops", "estimate_traffic"]
+        [execution]
+        executor_options = {{ workers = 1 }}
+        [[models]]
+        name = "quick"
+        source = "{MODELS}:pid_linear"
+        kwargs = {{ log = "{log}" }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+        [[models]]
+        name = "long"
+        source = "{MODELS}:slow_linear"
+        kwargs = {{ seconds = 8 }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+    """)
+    output = tmp_path / "out.toml"
+    process = subprocess.Popen([sys.executable, "-m", "rpx_core.cli", "run", str(spec), "-o", str(output), "--quiet"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (log.exists() and log.read_text()):  # quick is being built
+            time.sleep(0.02)
+        time.sleep(WRITE_INTERVAL + 1.0)  # quick's counts take well under a second; long sleeps 8 s meanwhile
+        assert process.poll() is None
+        quick = load(output).model("quick")
+        assert quick.finished and quick.ok and set(quick.stages) == set(COUNTS)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert not load(output).model("long").finished
+    log.unlink()
+    resumed = rpx_cli("run", str(spec), "-o", str(output), "--resume", "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert not log.exists()  # quick was kept, not built again
+    assert all(model.ok and model.finished for model in load(output).models)
