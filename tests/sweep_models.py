@@ -67,3 +67,15 @@ def slow_linear(seconds: float) -> torch.nn.Module:
 
     time.sleep(seconds)
     return token_linear()
+
+
+
+def rng_width(log: str) -> torch.nn.Module:
+    """Linear(8, n) with n drawn from torch's and Python's global generators, as weights and inputs are drawn: every
+    job of a worker must start from the generators' state a fresh worker has. Appends the process id to ``log``."""
+    import random
+
+    with open(log, "a") as handle:
+        handle.write(f"{os.getpid()}\n")
+    width = 1 + int(torch.randint(0, 50, (), device="cpu")) + random.randrange(50)
+    return torch.nn.Linear(8, width, bias=False)

@@ -455,3 +455,28 @@ def test_results_held_back_are_written_within_the_window_while_a_long_job_runs(w
     assert resumed.returncode == 0, resumed.stderr
     assert not log.exists()  # quick was kept, not built again
     assert all(model.ok and model.finished for model in load(output).models)
+
+
+
+def test_every_job_of_a_reused_worker_starts_from_the_random_state_of_a_fresh_one(write_spec, tmp_path):
+    """Jobs that share a worker draw the same random numbers a fresh worker would, so which jobs happen to share
+    one (side by side, that depends on timing) cannot change a figure."""
+    log = tmp_path / "pids.log"
+    spec = write_spec(f"""
+        backend = "cpu"
+        stages = ["count_params", "count_flops"]
+        [execution]
+        executor_options = {{ workers = 1 }}
+        [[models]]
+        name = "wide"
+        source = "{MODELS}:rng_width"
+        kwargs = {{ log = "{log}" }}
+        inputs = [{{ shape = [1, 8] }}]
+        [sweep]
+        batch_size = [1, 2, 3]
+    """)
+    result = rpx.run(spec, output=tmp_path / "out.toml")
+    assert result.ok, [(m.name, r.error) for m in result.models for r in m.stages.values() if r.error]
+    assert len(set(log.read_text().split())) == 1  # one worker served all three
+    params = [model.result("count_params").total for model in result.models]
+    assert len(params) == 3 and len(set(params)) == 1, params
