@@ -79,3 +79,14 @@ def rng_width(log: str) -> torch.nn.Module:
         handle.write(f"{os.getpid()}\n")
     width = 1 + int(torch.randint(0, 50, (), device="cpu")) + random.randrange(50)
     return torch.nn.Linear(8, width, bias=False)
+
+
+class RaisesInForward(TokenLinear):
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("broken forward")
+
+
+def raises_in_forward(log: str) -> torch.nn.Module:
+    """Logs like pid_linear; its forward raises, so counting FLOPs fails (a stage failure, not a crash)."""
+    pid_linear(log)
+    return RaisesInForward()

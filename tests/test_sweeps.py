@@ -363,6 +363,34 @@ def test_jobs_that_only_count_follow_each_other_in_one_worker_and_a_crash_ends_o
     assert len(pids) == 4 and pids[0] == pids[1] != pids[2] == pids[3]
 
 
+
+def test_a_job_whose_stage_fails_ends_its_worker(write_spec, tmp_path):
+    """A stage that fails in the worker (an exception in user code, not a crash) may leave the process in any state:
+    the job's worker is ended, and the next job starts in a fresh one, which the job after it shares."""
+    log = tmp_path / "pids.log"
+    models = "".join(f"""
+        [[models]]
+        name = "{name}"
+        source = "{MODELS}:{factory}"
+        kwargs = {{ log = "{log}" }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+    """ for name, factory in [("a", "pid_linear"), ("broken", "raises_in_forward"), ("c", "pid_linear"),
+                              ("d", "pid_linear")])
+    spec = write_spec(f"""
+        backend = "cpu"
+        stages = ["count_params", "count_flops"]
+        [execution]
+        executor_options = {{ workers = 1 }}
+        {models}
+    """)
+    result = rpx.run(spec, output=tmp_path / "out.toml")
+    assert result.model("broken").stages["count_flops"].status == "failed"
+    assert "broken forward" in result.model("broken").stages["count_flops"].error
+    assert all(result.model(name).ok for name in "acd")
+    pids = [line.split()[0] for line in log.read_text().splitlines()]  # a, broken (built again to count), c, d
+    assert len(set(pids[:-2])) == 1 and pids[-2] == pids[-1] != pids[0]
+
+
 def test_a_sweep_killed_mid_run_keeps_what_was_written_and_resume_finishes_it(write_spec, tmp_path):
     """Results that only count are written at most every WRITE_INTERVAL: a SIGKILL of rpx itself loses at most that
     window, the file on disk is whole, and --resume computes the rest, to the figures of an uninterrupted run."""
