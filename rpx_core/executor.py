@@ -129,8 +129,8 @@ class WorkerExecutor:
     idle worker whose earlier tasks all ended cleanly and measured nothing, if there is one (forking a torch-sized
     process and ending it costs more than such a task), and leaves it idle for the next; a worker that crashed,
     timed out, was interrupted, could not start its task or had a stage fail (an exception or ``sys.exit`` in user
-    code may leave the process in any state, e.g. a broken CUDA context) is ended. :meth:`close` ends the idle
-    ones."""
+    code may leave the process in any state, e.g. a broken CUDA context) is ended. A measured task ends the idle
+    workers before it starts, and :meth:`close` ends them at the end of the run."""
 
     def __init__(self, setup: Setup, limits: Execution, preload: tuple[str, ...] = ()) -> None:
         self.setup = setup
@@ -141,6 +141,8 @@ class WorkerExecutor:
         self._lock = threading.Lock()
 
     def run(self, task: Task, report: Report) -> None:
+        if task.measured:  # idle workers hold memory (a CUDA context, cached blocks) the measured task must have
+            self.close()
         with self._lock:
             worker = self._idle.pop() if self._idle and not task.measured else None
         if worker is None:
@@ -164,7 +166,7 @@ class WorkerExecutor:
                 worker.close()
 
     def close(self) -> None:
-        """End the idle workers (at the end of a run)."""
+        """End the idle workers (before a measured task, at the end of a run)."""
         with self._lock:
             idle, self._idle = self._idle, []
         for worker in idle:

@@ -90,3 +90,18 @@ def raises_in_forward(log: str) -> torch.nn.Module:
     """Logs like pid_linear; its forward raises, so counting FLOPs fails (a stage failure, not a crash)."""
     pid_linear(log)
     return RaisesInForward()
+
+
+def counts_live_workers(log: str, watch: str) -> torch.nn.Module:
+    """A TokenLinear that appends to ``log`` how many of the processes listed in ``watch`` (pid_linear's log) are
+    still alive, itself left out."""
+    alive = 0
+    for pid in {int(line.split()[0]) for line in Path(watch).read_text().splitlines()} - {os.getpid()}:
+        try:
+            os.kill(pid, 0)
+            alive += 1
+        except ProcessLookupError:
+            pass
+    with open(log, "a") as handle:
+        handle.write(f"{alive}\n")
+    return token_linear()

@@ -391,6 +391,47 @@ def test_a_job_whose_stage_fails_ends_its_worker(write_spec, tmp_path):
     assert len(set(pids[:-2])) == 1 and pids[-2] == pids[-1] != pids[0]
 
 
+
+
+def test_a_measured_stage_runs_with_no_idle_counting_worker_left(write_spec, tmp_path):
+    """Counting jobs leave their worker idle for the next; a measured task (here the run-scoped batch_search after
+    them) ends those first, so no idle worker holds memory (a CUDA context, cached blocks) while it measures, as
+    when every job had a worker of its own."""
+    counting, measured = tmp_path / "counting.log", tmp_path / "measured.log"
+    spec = write_spec(f"""
+        backend = "cpu"
+        stages = ["count_params", "batch_search"]
+        [execution]
+        executor_options = {{ workers = 1 }}
+        [options.batch_search]
+        pipeline = ["m"]
+        memory_budget = "4GB"
+        max_batch = 2
+        trial_seconds = 0.05
+        [[models]]
+        name = "c1"
+        source = "{MODELS}:pid_linear"
+        kwargs = {{ log = "{counting}" }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+        [[models]]
+        name = "c2"
+        source = "{MODELS}:pid_linear"
+        kwargs = {{ log = "{counting}" }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+        [[models]]
+        name = "m"
+        source = "{MODELS}:counts_live_workers"
+        kwargs = {{ log = "{measured}", watch = "{counting}" }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+    """)
+    result = rpx.run(spec, output=tmp_path / "out.toml")
+    assert result.ok, [(m.name, r.error) for m in result.models for r in m.stages.values() if r.error]
+    assert result.run_stages["batch_search"].status == "ok"
+    assert len(set(counting.read_text().split()[::2])) == 1  # c1, c2 (and m's count_params) shared one worker
+    first, *in_batch_search = measured.read_text().split()
+    assert first == "0" and in_batch_search and set(in_batch_search) == {"0"}, (first, in_batch_search)
+
+
 def test_a_sweep_killed_mid_run_keeps_what_was_written_and_resume_finishes_it(write_spec, tmp_path):
     """Results that only count are written at most every WRITE_INTERVAL: a SIGKILL of rpx itself loses at most that
     window, the file on disk is whole, and --resume computes the rest, to the figures of an uninterrupted run."""
