@@ -163,9 +163,10 @@ def run_plan(
 ) -> RunResult:
     """Run every job of ``plan``; return (and keep writing to ``output``) the results.
 
-    Each job runs through the executor ``execution`` selects (worker processes by default, see rpx_core.executor); SIGINT and
-    SIGTERM record the running stage as interrupted and raise :class:`rpx_core.interrupts.Interrupted`. With
-    ``resume``, what ``output`` already holds from the same spec, rpx and plugins is kept (see rpx_core.resume)."""
+    Each job runs through the executor ``execution`` selects (worker processes by default, see
+    rpx_core.executor); SIGINT and SIGTERM record the running stage as interrupted and raise
+    :class:`rpx_core.interrupts.Interrupted`. With ``resume``, what ``output`` already holds from the same spec, rpx
+    and plugins is kept (see rpx_core.resume)."""
     spec = plan.spec
     execution = execution or spec.execution
     backends = {name: plugins.backend(name, spec.choose, require_available=False)
@@ -234,8 +235,8 @@ def choose_executor(plan: Plan, plugins: Plugins, execution: Execution, model_ob
 
 def make_executor(plugins: Plugins, execution: Execution, model_objects: dict[str, Any] | None,
                   preload: tuple[str, ...] = ()) -> Runner:
-    """What runs one job on this machine. ``auto`` isolation: worker processes, unless the run holds live
-    objects (models or plugins given to the Python API), which only rpx's own process has."""
+    """What runs one job on this machine. ``auto`` isolation: worker processes, unless the run holds live objects
+    (models or plugins given to the Python API), which only rpx's own process has."""
     live = bool(model_objects) or any(info.distribution == "<runtime>" for info in plugins.infos())
     isolation = execution.isolation if execution.isolation != "auto" else ("in-process" if live else "worker")
     if isolation == "in-process":

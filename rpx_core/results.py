@@ -1,8 +1,8 @@
 """The results file: schema-versioned attrs models, written as TOML or JSON by the one converter.
 
 A run's file is rewritten atomically as results arrive (when: rpx_core.pipeline), so whatever was measured survives a
-later crash; :class:`ModelCache` keeps each unchanged model's text between rewrites. Each stage's
-result reloads as the type its declaration names (``Stage.result``); a stage no loaded plugin declares loads as data.
+later crash; :class:`ModelCache` keeps each unchanged model's text between rewrites. Each stage's result reloads as
+the type its declaration names (``Stage.result``); a stage no loaded plugin declares loads as data.
 """
 
 from __future__ import annotations
