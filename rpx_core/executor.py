@@ -341,7 +341,7 @@ class Worker:
                 with self._tail_lock:
                     self._tail.append(text)
                     self._tail_chars += len(text)
-                    while self._tail_chars - len(self._tail[0]) > STDERR_TAIL_CHARS and len(self._tail) > 1:
+                    while len(self._tail) > 1 and self._tail_chars - len(self._tail[0]) > STDERR_TAIL_CHARS:
                         self._tail_chars -= len(self._tail.popleft())
 
 
