@@ -5,8 +5,8 @@ job, and Ray's overhead per job on a local Ray instance.
    count_params + roofline on one GPU) with the local executor: side by side (workers = the usable cores) and one at
    a time (workers = 1), alternating, in this one process. Target: side by side at least 1.7x faster on 2 cores.
 2. Fixed cost per job: 16 jobs of a 16x16 Linear (count_params only), one at a time; (wall - the stages' own
-   seconds) / 16. Everything rpx does around a job's stages: forking its worker, sending the task, writing the
-   results file after every stage. Target: under 20 ms.
+   seconds) / 16. Everything rpx does around a job's stages: a worker for it (forked, or reused from the job
+   before), sending the task, following its events, writing the results file. Target: under 20 ms.
 3. Ray: the same 16 small jobs on a local Ray instance started beforehand (its start is not counted); the same
    fixed cost per job, beside the local executor's.
 

@@ -128,7 +128,9 @@ class WorkerExecutor:
     A measured task gets a fresh worker of its own, ended after it. A task that only counts and bounds takes an
     idle worker whose earlier tasks all ended cleanly and measured nothing, if there is one (forking a torch-sized
     process and ending it costs more than such a task), and leaves it idle for the next; a worker that crashed,
-    timed out, was interrupted or could not start its task is ended. :meth:`close` ends the idle ones."""
+    timed out, was interrupted, could not start its task or had a stage fail (an exception or ``sys.exit`` in user
+    code may leave the process in any state, e.g. a broken CUDA context) is ended. A measured task ends the idle
+    workers before it starts, and :meth:`close` ends them at the end of the run."""
 
     def __init__(self, setup: Setup, limits: Execution, preload: tuple[str, ...] = ()) -> None:
         self.setup = setup
@@ -139,6 +141,8 @@ class WorkerExecutor:
         self._lock = threading.Lock()
 
     def run(self, task: Task, report: Report) -> None:
+        if task.measured:  # idle workers hold memory (a CUDA context, cached blocks) the measured task must have
+            self.close()
         with self._lock:
             worker = self._idle.pop() if self._idle and not task.measured else None
         if worker is None:
@@ -162,7 +166,7 @@ class WorkerExecutor:
                 worker.close()
 
     def close(self) -> None:
-        """End the idle workers (at the end of a run)."""
+        """End the idle workers (before a measured task, at the end of a run)."""
         with self._lock:
             idle, self._idle = self._idle, []
         for worker in idle:
@@ -187,7 +191,8 @@ class _Supervisor:
         self.stage_deadline = Deadline()
         self.stage_started = 0.0
         self.finished: list[str] = []
-        self.clean = False  # the worker said the task was done, having reported every stage itself
+        self.failed = False  # a stage failed in the worker (an exception, sys.exit): its state is suspect
+        self.clean = False  # the worker said the task was done, having reported every stage itself, none failed
 
     def follow(self) -> None:
         try:
@@ -210,7 +215,7 @@ class _Supervisor:
                 self._end(self._death())
                 return
             if event is None:  # the worker finished the task
-                self.clean = set(self.finished) == set(self.task.stages)
+                self.clean = set(self.finished) == set(self.task.stages) and not self.failed
                 return
             if isinstance(event, tuple) and event[0] == "error":
                 self._end(event[1], traceback=event[2])
@@ -227,6 +232,7 @@ class _Supervisor:
         else:
             self.stage = None
             self.finished.append(event.stage)
+            self.failed = self.failed or event.record.status == "failed"
         self.report(event)
 
     def _death(self) -> str:
@@ -277,14 +283,16 @@ class Worker:
         self.zygote, self.pid, self.connection = zygote, pid, connection
         self._tail: collections.deque[str] = collections.deque()
         self._tail_chars = 0
+        self._tail_lock = threading.Lock()  # the reader thread appends while begin_task may clear
         self._exitcode: int | None = None
         self._reader = threading.Thread(target=self._forward, args=(stderr_fd,), daemon=True, name=f"rpx-stderr-{pid}")
         self._reader.start()
 
     def begin_task(self) -> None:
         """A new task starts in this worker: its stderr tail starts afresh."""
-        self._tail.clear()
-        self._tail_chars = 0
+        with self._tail_lock:
+            self._tail.clear()
+            self._tail_chars = 0
 
     def next_event(self, timeout: float) -> Any:
         """The next event, ``None`` when the task is done, ``_TIMEOUT`` or ``_DEAD``."""
@@ -311,7 +319,8 @@ class Worker:
 
     def stderr_tail(self) -> str:
         self._reader.join(timeout=2.0)
-        return "".join(self._tail)[-STDERR_TAIL_CHARS:]
+        with self._tail_lock:
+            return "".join(self._tail)[-STDERR_TAIL_CHARS:]
 
     def close(self) -> None:
         self.kill()
@@ -329,10 +338,11 @@ class Worker:
                     sys.stderr.flush()
                 except (OSError, ValueError):
                     pass
-                self._tail.append(text)
-                self._tail_chars += len(text)
-                while self._tail_chars - len(self._tail[0]) > STDERR_TAIL_CHARS and len(self._tail) > 1:
-                    self._tail_chars -= len(self._tail.popleft())
+                with self._tail_lock:
+                    self._tail.append(text)
+                    self._tail_chars += len(text)
+                    while len(self._tail) > 1 and self._tail_chars - len(self._tail[0]) > STDERR_TAIL_CHARS:
+                        self._tail_chars -= len(self._tail.popleft())
 
 
 class Zygote:

@@ -2,11 +2,12 @@
 
 The results file is rewritten atomically as results arrive, so a crash, an interrupt or a failing later stage never
 loses what was already measured: at once after a measured stage, a failure, an interruption or a job placed on a
-node, and before a measured stage starts; results that only count and bound (cheap to compute again) at most every
-WRITE_INTERVAL seconds and at most WRITE_INTERVAL after they arrive, so a sweep of many small jobs does not rewrite
-a growing file after each of its stages. A SIGKILL of rpx loses at most that window of Tier 1/2 results, which
-``--resume`` computes again. Stage code never sees another model's objects: each job gets its own context (in its
-own worker process by default, see rpx_core.executor), released after it. This process only plans, supervises and
+node, and before a measured stage starts; results that only count and bound (cheap to compute again) at most
+WRITE_INTERVAL seconds after they arrive, together (a timer writes them if nothing else does), so a sweep of many
+small jobs does not rewrite a growing file after each of its stages. A SIGKILL of rpx loses at most that window of
+Tier 1/2 results, which ``--resume`` computes again. Each rewrite serialises only the models that changed since the
+last one (rpx_core.results.ModelCache). Stage code never sees another model's objects: each job gets its own context
+(in a worker process by default, see rpx_core.executor), released after it. This process only plans, supervises and
 writes.
 """
 
@@ -34,7 +35,7 @@ from rpx_core.limits import Execution
 from rpx_core.plan import Plan
 from rpx_core.plugins import Plugins
 from rpx_core.progress import Progress
-from rpx_core.results import ModelResult, Provenance, RunResult, StageRecord, write
+from rpx_core.results import ModelCache, ModelResult, Provenance, RunResult, StageRecord, write
 from rpx_core.resume import Resumed, resume_from
 from rpx_core.safe_write import OutputError, OutputLock
 from rpx_core.scheduling import Environment, Executor, Resources, WorkItem
@@ -59,7 +60,8 @@ Save = Literal["now", "due", "later"]
 
 class ResultsFile:
     """The run's results, rewritten atomically when something new is known (see the module docstring for when),
-    never over an input of the run."""
+    never over an input of the run. A write held back for WRITE_INTERVAL happens then, from a timer thread, even if
+    nothing else arrives (a long job after a quick one); an error of that write is raised by the next update."""
 
     def __init__(self, run: RunResult, path: Path | None, fmt: Literal["toml", "json"] | None = None,
                  protected: tuple[Path, ...] = (), order: tuple[str, ...] = ()) -> None:
@@ -68,35 +70,35 @@ class ResultsFile:
         self.fmt = fmt
         self.protected = protected
         self.order = order  # job names in the plan's order
-        self.lock = threading.RLock()  # held by whoever changes or writes the results (executors' threads, timer)
         self.unsaved = False
         self.saved_at = float("-inf")
-        self.timer: threading.Timer | None = None
+        self._cache = ModelCache()
+        self._lock = threading.RLock()  # executor threads and the timer thread
+        self._timer: threading.Timer | None = None
+        self._failed: OutputError | None = None  # the timer's write failed: raised by the next update or flush
 
     def update(self, *, save: Save = "now", **changes: Any) -> None:
-        """Apply ``changes``; write now, "due": once WRITE_INTERVAL has passed since the last write (from a timer if
-        need be), or "later": with the next write."""
-        with self.lock:
+        """Apply ``changes``; write now, when WRITE_INTERVAL has passed since the last write ("due", else at most
+        that long after the last write), or with the next write ("later")."""
+        with self._lock:
             self.run = attrs.evolve(self.run, **changes)
             self.unsaved = True
-            wait = self.saved_at + WRITE_INTERVAL - time.monotonic()
+            wait = WRITE_INTERVAL - (time.monotonic() - self.saved_at)
             if save == "now" or (save == "due" and wait <= 0):
                 self.flush()
-            elif save == "due" and self.timer is None and self.path is not None:
-                self.timer = threading.Timer(wait, self._flush_when_due)
-                self.timer.daemon = True
-                self.timer.start()
+            elif save == "due" and self._timer is None and self.path is not None:
+                self._hold(wait)
 
     def flush(self) -> None:
         """Write what is not written yet."""
-        with self.lock:
-            if self.timer is not None:
-                self.timer.cancel()
-                self.timer = None
+        with self._lock:
+            if self._failed is not None:
+                failed, self._failed = self._failed, None
+                raise failed
             if self.path is None or not self.unsaved:
                 return
             try:
-                write(self.run, self.path, self.fmt, self.protected)
+                write(self.run, self.path, self.fmt, self.protected, self._cache)
             except OutputError:
                 raise
             except OSError as exc:
@@ -104,9 +106,33 @@ class ResultsFile:
             self.unsaved = False
             self.saved_at = time.monotonic()
 
-    def _flush_when_due(self) -> None:
-        with contextlib.suppress(OutputError):  # the next write in the run's own thread reports it
-            self.flush()
+    def close(self) -> None:
+        """Stop the timer (the run wrote, or tried to write, what it has on its way out)."""
+        with self._lock:
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+            timer.join()
+
+    def _hold(self, seconds: float) -> None:
+        """Write in ``seconds`` (from a timer thread) what is not written by then."""
+        self._timer = threading.Timer(seconds, self._flush_held)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _flush_held(self) -> None:
+        with self._lock:
+            if self._timer is not threading.current_thread():
+                return  # closed meanwhile
+            self._timer = None
+            wait = WRITE_INTERVAL - (time.monotonic() - self.saved_at)
+            if self.unsaved and wait > 0:  # written meanwhile: the window starts again from that write
+                self._hold(wait)
+                return
+            try:
+                self.flush()
+            except OutputError as exc:
+                self._failed = exc
 
     def put_model(self, model: ModelResult, *, save: Save = "now") -> None:
         """Add or replace ``model``; a new one goes in the plan's order (``order``), whichever job reports first."""
@@ -137,9 +163,10 @@ def run_plan(
 ) -> RunResult:
     """Run every job of ``plan``; return (and keep writing to ``output``) the results.
 
-    Each job runs through the executor ``execution`` selects (a worker process per job by default); SIGINT and
-    SIGTERM record the running stage as interrupted and raise :class:`rpx_core.interrupts.Interrupted`. With
-    ``resume``, what ``output`` already holds from the same spec, rpx and plugins is kept (see rpx_core.resume)."""
+    Each job runs through the executor ``execution`` selects (worker processes by default, see
+    rpx_core.executor); SIGINT and SIGTERM record the running stage as interrupted and raise
+    :class:`rpx_core.interrupts.Interrupted`. With ``resume``, what ``output`` already holds from the same spec, rpx
+    and plugins is kept (see rpx_core.resume)."""
     spec = plan.spec
     execution = execution or spec.execution
     backends = {name: plugins.backend(name, spec.choose, require_available=False)
@@ -183,6 +210,7 @@ def run_plan(
                 results.flush()
             raise
         finally:
+            results.close()
             if isinstance(env.runner, WorkerExecutor):
                 env.runner.close()
         results.update(provenance=attrs.evolve(results.run.provenance, finished=now()))
@@ -207,8 +235,8 @@ def choose_executor(plan: Plan, plugins: Plugins, execution: Execution, model_ob
 
 def make_executor(plugins: Plugins, execution: Execution, model_objects: dict[str, Any] | None,
                   preload: tuple[str, ...] = ()) -> Runner:
-    """What runs one job on this machine. ``auto`` isolation: a worker process per job, unless the run holds live
-    objects (models or plugins given to the Python API), which only rpx's own process has."""
+    """What runs one job on this machine. ``auto`` isolation: worker processes, unless the run holds live objects
+    (models or plugins given to the Python API), which only rpx's own process has."""
     live = bool(model_objects) or any(info.distribution == "<runtime>" for info in plugins.infos())
     isolation = execution.isolation if execution.isolation != "auto" else ("in-process" if live else "worker")
     if isolation == "in-process":
@@ -232,9 +260,10 @@ def run_jobs(jobs: list[Job], plan: Plan, plugins: Plugins, executor: Executor, 
              observer: Observer | None = None) -> None:
     """Hand every unfinished job to the executor; each outcome is recorded and written as the module docstring says,
     in whatever order and from whatever thread the executor reports it."""
+    lock = threading.RLock()
     registry = plugins.stages(plan.spec.choose)
     items = [item for job in jobs
-             if (item := work_item(job, plan, plugins, registry, results, listener, previous, results.lock,
+             if (item := work_item(job, plan, plugins, registry, results, listener, previous, lock,
                                    observer)) is not None]
     results.flush()  # what a resumed run kept, before anything runs
     executor.run(items, env)

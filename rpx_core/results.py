@@ -1,7 +1,8 @@
 """The results file: schema-versioned attrs models, written as TOML or JSON by the one converter.
 
-A run's file is rewritten atomically after every stage, so whatever was measured survives a later crash. Each stage's
-result reloads as the type its declaration names (``Stage.result``); a stage no loaded plugin declares loads as data.
+A run's file is rewritten atomically as results arrive (when: rpx_core.pipeline), so whatever was measured survives a
+later crash; :class:`ModelCache` keeps each unchanged model's text between rewrites. Each stage's result reloads as
+the type its declaration names (``Stage.result``); a stage no loaded plugin declares loads as data.
 """
 
 from __future__ import annotations
@@ -191,18 +192,63 @@ def to_data(obj: Any) -> Any:
     return converter.unstructure(obj)
 
 
-def dumps(run: RunResult, fmt: Literal["toml", "json"] = "toml") -> str:
-    data = to_data(run)
+class ModelCache:
+    """Each model's serialised form, kept while the model is unchanged (the same object): a sweep's file grows with
+    every job, and rewriting it would otherwise serialise every finished model again for each new stage."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, tuple[ModelResult, Any]] = {}
+        self._toml: dict[str, tuple[ModelResult, str]] = {}
+
+    def data(self, model: ModelResult) -> Any:
+        kept = self._data.get(model.name)
+        if kept is None or kept[0] is not model:
+            kept = self._data[model.name] = (model, to_data(model))
+        return kept[1]
+
+    def toml(self, model: ModelResult) -> str:
+        """The model as its ``[[models]]`` table, exactly as tomli-w writes it inside the whole file."""
+        kept = self._toml.get(model.name)
+        if kept is None or kept[0] is not model:
+            import tomli_w
+
+            kept = self._toml[model.name] = (model, tomli_w.dumps({"models": [self.data(model)]}))
+        return kept[1]
+
+
+def dumps(run: RunResult, fmt: Literal["toml", "json"] = "toml", cache: ModelCache | None = None) -> str:
+    """The results file's text; with ``cache``, models unchanged since its last use are not serialised again."""
+    if cache is None or not run.models:
+        data = to_data(run)
+    else:
+        data = to_data(attrs.evolve(run, models=()))
+        data["models"] = [cache.data(model) for model in run.models]
     if fmt == "json":
         return json.dumps(data, indent=2, allow_nan=False) + "\n"
     import tomli_w
 
-    return tomli_w.dumps(data)
+    if cache is None or not run.models:
+        return tomli_w.dumps(data)
+    chunks = [cache.toml(model) for model in run.models]
+    if not all(chunk.startswith("[[models]]\n") for chunk in chunks):  # written inline: no tables to reuse
+        return tomli_w.dumps(data)
+    # tomli-w writes a table's plain values first, then its tables in key order, each after a blank line
+    keys = list(data)
+    at = keys.index("models")
+    tables = {key for key, value in data.items() if isinstance(value, Mapping)
+              or (isinstance(value, list) and value and all(isinstance(item, Mapping) for item in value))}
+    head = {key: data[key] for key in keys if key != "models" and (keys.index(key) < at or key not in tables)}
+    tail = [key for key in keys[at + 1:] if key in tables]
+    text = tomli_w.dumps(head)
+    for chunk in chunks + [tomli_w.dumps({key: data[key]}) for key in tail]:
+        text += ("\n" if text else "") + chunk
+    return text
 
 
-def write(run: RunResult, path: Path, fmt: Literal["toml", "json"] | None = None, protected: Iterable[Path] = ()) -> Path:
+def write(run: RunResult, path: Path, fmt: Literal["toml", "json"] | None = None, protected: Iterable[Path] = (),
+          cache: ModelCache | None = None) -> Path:
     """Write atomically to a regular file or a new path that is none of ``protected`` (see rpx_core.safe_write)."""
-    return atomic_write(path, dumps(run, fmt or format_for(path)), protected)
+    return atomic_write(path, dumps(run, fmt or format_for(path), cache), protected)
 
 
 def format_for(path: Path) -> Literal["toml", "json"]:

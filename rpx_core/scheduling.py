@@ -3,7 +3,7 @@
 A plugin returns :class:`Executor` objects from ``rpx_register_executors``; ``[execution] executor`` (or
 ``rpx run --executor``) picks one by name. The pipeline hands the chosen executor every job of the run as a
 :class:`WorkItem` at once; the executor decides the order and the place, and reports each job's events through the
-item's ``report`` (from any thread: the pipeline serialises the calls and writes the results file after each).
+item's ``report`` (from any thread: the pipeline serialises the calls and writes the results file as rpx_core.pipeline says).
 Whatever goes wrong, every stage of every item must end up reported (failed with the reason, if nothing else), or the
 job is left unfinished and ``rpx run --resume`` runs it again.
 

@@ -331,19 +331,33 @@ def serve_job(connection: Any, setup: Setup) -> None:
 
 
 def _global_modes() -> dict[str, Any]:
-    """torch's process-wide modes a model's code may change (default dtype, grad mode), as the worker started."""
+    """Process-wide state a model's code may change, as the worker started: torch's default dtype and grad mode,
+    and the global random generators (torch's CPU one, Python's, numpy's if imported), which weights and inputs are
+    drawn from: a job in a reused worker draws what it would in a fresh one."""
+    import random
+
+    modes: dict[str, Any] = {"random": random.getstate()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        modes["numpy"] = numpy.random.get_state()
     torch = sys.modules.get("torch")
-    if torch is None:
-        return {}
-    return {"dtype": torch.get_default_dtype(), "grad": torch.is_grad_enabled()}
+    if torch is not None:
+        modes.update(dtype=torch.get_default_dtype(), grad=torch.is_grad_enabled(), rng=torch.get_rng_state())
+    return modes
 
 
 def _restore_global_modes(modes: dict[str, Any]) -> None:
-    """Before a worker's next task: torch's process-wide modes as they were when it started."""
+    """Before a worker's next task: the process-wide state of :func:`_global_modes` as it was when it started."""
+    import random
+
+    random.setstate(modes["random"])
+    if "numpy" in modes:
+        sys.modules["numpy"].random.set_state(modes["numpy"])
     torch = sys.modules.get("torch")
-    if torch is not None and modes:
+    if torch is not None and "rng" in modes:
         torch.set_default_dtype(modes["dtype"])
         torch.set_grad_enabled(modes["grad"])
+        torch.set_rng_state(modes["rng"])
 
 
 def _raise_interrupted(signum: int, frame: Any) -> None:

@@ -67,3 +67,41 @@ def slow_linear(seconds: float) -> torch.nn.Module:
 
     time.sleep(seconds)
     return token_linear()
+
+
+
+def rng_width(log: str) -> torch.nn.Module:
+    """Linear(8, n) with n drawn from torch's and Python's global generators, as weights and inputs are drawn: every
+    job of a worker must start from the generators' state a fresh worker has. Appends the process id to ``log``."""
+    import random
+
+    with open(log, "a") as handle:
+        handle.write(f"{os.getpid()}\n")
+    width = 1 + int(torch.randint(0, 50, (), device="cpu")) + random.randrange(50)
+    return torch.nn.Linear(8, width, bias=False)
+
+
+class RaisesInForward(TokenLinear):
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("broken forward")
+
+
+def raises_in_forward(log: str) -> torch.nn.Module:
+    """Logs like pid_linear; its forward raises, so counting FLOPs fails (a stage failure, not a crash)."""
+    pid_linear(log)
+    return RaisesInForward()
+
+
+def counts_live_workers(log: str, watch: str) -> torch.nn.Module:
+    """A TokenLinear that appends to ``log`` how many of the processes listed in ``watch`` (pid_linear's log) are
+    still alive, itself left out."""
+    alive = 0
+    for pid in {int(line.split()[0]) for line in Path(watch).read_text().splitlines()} - {os.getpid()}:
+        try:
+            os.kill(pid, 0)
+            alive += 1
+        except ProcessLookupError:
+            pass
+    with open(log, "a") as handle:
+        handle.write(f"{alive}\n")
+    return token_linear()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rpx_core.errors import RpxError
 from rpx_core.results import (
+    ModelCache,
     ModelResult,
     PluginInfo,
     Provenance,
@@ -67,6 +69,19 @@ runs = st.builds(
 @given(runs, st.sampled_from(["toml", "json"]))
 def test_round_trip(run, fmt):
     assert loads(dumps(run, fmt), fmt) == run
+
+
+@settings(max_examples=60, deadline=None)
+@given(runs, st.dictionaries(names, records, max_size=2), st.sampled_from(["toml", "json"]), st.data())
+def test_a_model_cache_writes_the_same_text_as_serialising_everything(run, run_stages, fmt, data):
+    """The cache only saves work: the same bytes, also after some models changed (new objects) and others not."""
+    run = attrs.evolve(run, run_stages=run_stages)
+    cache = ModelCache()
+    assert dumps(run, fmt, cache) == dumps(run, fmt)
+    changed = tuple(attrs.evolve(model, finished=None if model.finished else "later") if data.draw(st.booleans())
+                    else model for model in run.models)
+    later = attrs.evolve(run, models=changed)
+    assert dumps(later, fmt, cache) == dumps(later, fmt)
 
 
 def test_none_is_omitted_and_files_round_trip(tmp_path):

@@ -363,6 +363,75 @@ def test_jobs_that_only_count_follow_each_other_in_one_worker_and_a_crash_ends_o
     assert len(pids) == 4 and pids[0] == pids[1] != pids[2] == pids[3]
 
 
+
+def test_a_job_whose_stage_fails_ends_its_worker(write_spec, tmp_path):
+    """A stage that fails in the worker (an exception in user code, not a crash) may leave the process in any state:
+    the job's worker is ended, and the next job starts in a fresh one, which the job after it shares."""
+    log = tmp_path / "pids.log"
+    models = "".join(f"""
+        [[models]]
+        name = "{name}"
+        source = "{MODELS}:{factory}"
+        kwargs = {{ log = "{log}" }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+    """ for name, factory in [("a", "pid_linear"), ("broken", "raises_in_forward"), ("c", "pid_linear"),
+                              ("d", "pid_linear")])
+    spec = write_spec(f"""
+        backend = "cpu"
+        stages = ["count_params", "count_flops"]
+        [execution]
+        executor_options = {{ workers = 1 }}
+        {models}
+    """)
+    result = rpx.run(spec, output=tmp_path / "out.toml")
+    assert result.model("broken").stages["count_flops"].status == "failed"
+    assert "broken forward" in result.model("broken").stages["count_flops"].error
+    assert all(result.model(name).ok for name in "acd")
+    pids = [line.split()[0] for line in log.read_text().splitlines()]  # a, broken (built again to count), c, d
+    assert len(set(pids[:-2])) == 1 and pids[-2] == pids[-1] != pids[0]
+
+
+
+
+def test_a_measured_stage_runs_with_no_idle_counting_worker_left(write_spec, tmp_path):
+    """Counting jobs leave their worker idle for the next; a measured task (here the run-scoped batch_search after
+    them) ends those first, so no idle worker holds memory (a CUDA context, cached blocks) while it measures, as
+    when every job had a worker of its own."""
+    counting, measured = tmp_path / "counting.log", tmp_path / "measured.log"
+    spec = write_spec(f"""
+        backend = "cpu"
+        stages = ["count_params", "batch_search"]
+        [execution]
+        executor_options = {{ workers = 1 }}
+        [options.batch_search]
+        pipeline = ["m"]
+        memory_budget = "4GB"
+        max_batch = 2
+        trial_seconds = 0.05
+        [[models]]
+        name = "c1"
+        source = "{MODELS}:pid_linear"
+        kwargs = {{ log = "{counting}" }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+        [[models]]
+        name = "c2"
+        source = "{MODELS}:pid_linear"
+        kwargs = {{ log = "{counting}" }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+        [[models]]
+        name = "m"
+        source = "{MODELS}:counts_live_workers"
+        kwargs = {{ log = "{measured}", watch = "{counting}" }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+    """)
+    result = rpx.run(spec, output=tmp_path / "out.toml")
+    assert result.ok, [(m.name, r.error) for m in result.models for r in m.stages.values() if r.error]
+    assert result.run_stages["batch_search"].status == "ok"
+    assert len(set(counting.read_text().split()[::2])) == 1  # c1, c2 (and m's count_params) shared one worker
+    first, *in_batch_search = measured.read_text().split()
+    assert first == "0" and in_batch_search and set(in_batch_search) == {"0"}, (first, in_batch_search)
+
+
 def test_a_sweep_killed_mid_run_keeps_what_was_written_and_resume_finishes_it(write_spec, tmp_path):
     """Results that only count are written at most every WRITE_INTERVAL: a SIGKILL of rpx itself loses at most that
     window, the file on disk is whole, and --resume computes the rest, to the figures of an uninterrupted run."""
@@ -406,3 +475,77 @@ def test_a_sweep_killed_mid_run_keeps_what_was_written_and_resume_finishes_it(wr
     assert resumed.returncode == 0, resumed.stderr
     whole = rpx.run(spec, output=tmp_path / "whole.toml")
     assert figures(load(output)) == figures(whole)
+
+
+def test_results_held_back_are_written_within_the_window_while_a_long_job_runs(write_spec, tmp_path):
+    """A quick job's last counts, held back by the write interval, reach the disk within WRITE_INTERVAL even though
+    the next job sends nothing for seconds; a SIGKILL of rpx then keeps them, and --resume runs only the long job."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from rpx_core.pipeline import WRITE_INTERVAL
+
+    log = tmp_path / "pids.log"
+    spec = write_spec(f"""
+        backend = "cpu"
+        stages = ["count_params", "count_flops", "estimate_traffic"]
+        [execution]
+        executor_options = {{ workers = 1 }}
+        [[models]]
+        name = "quick"
+        source = "{MODELS}:pid_linear"
+        kwargs = {{ log = "{log}" }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+        [[models]]
+        name = "long"
+        source = "{MODELS}:slow_linear"
+        kwargs = {{ seconds = 8 }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+    """)
+    output = tmp_path / "out.toml"
+    process = subprocess.Popen([sys.executable, "-m", "rpx_core.cli", "run", str(spec), "-o", str(output), "--quiet"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (log.exists() and log.read_text()):  # quick is being built
+            time.sleep(0.02)
+        time.sleep(WRITE_INTERVAL + 1.0)  # quick's counts take well under a second; long sleeps 8 s meanwhile
+        assert process.poll() is None
+        quick = load(output).model("quick")
+        assert quick.finished and quick.ok and set(quick.stages) == set(COUNTS)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert not load(output).model("long").finished
+    log.unlink()
+    resumed = rpx_cli("run", str(spec), "-o", str(output), "--resume", "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert not log.exists()  # quick was kept, not built again
+    assert all(model.ok and model.finished for model in load(output).models)
+
+
+
+def test_every_job_of_a_reused_worker_starts_from_the_random_state_of_a_fresh_one(write_spec, tmp_path):
+    """Jobs that share a worker draw the same random numbers a fresh worker would, so which jobs happen to share
+    one (side by side, that depends on timing) cannot change a figure."""
+    log = tmp_path / "pids.log"
+    spec = write_spec(f"""
+        backend = "cpu"
+        stages = ["count_params", "count_flops"]
+        [execution]
+        executor_options = {{ workers = 1 }}
+        [[models]]
+        name = "wide"
+        source = "{MODELS}:rng_width"
+        kwargs = {{ log = "{log}" }}
+        inputs = [{{ shape = [1, 8] }}]
+        [sweep]
+        batch_size = [1, 2, 3]
+    """)
+    result = rpx.run(spec, output=tmp_path / "out.toml")
+    assert result.ok, [(m.name, r.error) for m in result.models for r in m.stages.values() if r.error]
+    assert len(set(log.read_text().split())) == 1  # one worker served all three
+    params = [model.result("count_params").total for model in result.models]
+    assert len(params) == 3 and len(set(params)) == 1, params
