@@ -310,19 +310,25 @@ def test_a_shape_sweep_of_one_deep_model_replays_its_layers_with_the_figures_of_
     assert all_figures(replayed) == all_figures(traced)
 
 
+def model_tables(*models: tuple[str, str, str]) -> str:
+    """[[models]] tables of sweep_models factories taking one token input: (name, factory, kwargs as TOML)."""
+    return "".join(f"""
+        [[models]]
+        name = "{name}"
+        source = "{MODELS}:{factory}"
+        kwargs = {{ {kwargs} }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+    """ for name, factory, kwargs in models)
+
+
 def test_jobs_that_only_count_follow_each_other_in_one_worker_and_a_crash_ends_only_its_own(write_spec, tmp_path):
     """No fork per counting job: one worker serves them in turn, each in the process-wide torch modes the worker
     started with; a worker that dies takes only its job, the next job gets a fresh worker, and a measured job always
     gets a fresh worker of its own."""
     log = tmp_path / "pids.log"
-    models = "".join(f"""
-        [[models]]
-        name = "{name}"
-        source = "{MODELS}:{factory}"
-        kwargs = {{ log = "{log}"{extra} }}
-        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
-    """ for name, factory, extra in [("a", "pid_linear", ', default_dtype = "float64"'), ("b", "pid_linear", ""),
-                                     ("c", "dies_in_worker", ""), ("d", "pid_linear", ""), ("e", "pid_linear", "")])
+    models = model_tables(*((name, factory, f'log = "{log}"{extra}') for name, factory, extra in [
+        ("a", "pid_linear", ', default_dtype = "float64"'), ("b", "pid_linear", ""), ("c", "dies_in_worker", ""),
+        ("d", "pid_linear", ""), ("e", "pid_linear", "")]))
     spec = write_spec(f"""
         backend = "cpu"  # named, so rpx does not build the first model to infer it
         stages = ["count_params", "count_flops"]
@@ -347,35 +353,19 @@ def test_jobs_that_only_count_follow_each_other_in_one_worker_and_a_crash_ends_o
         warmup_seconds = 0
         min_samples = 3
         max_seconds = 0.5
-        [[models]]
-        name = "m1"
-        source = "{MODELS}:pid_linear"
-        kwargs = {{ log = "{log}" }}
-        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
-        [[models]]
-        name = "m2"
-        source = "{MODELS}:pid_linear"
-        kwargs = {{ log = "{log}" }}
-        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+        {model_tables(("m1", "pid_linear", f'log = "{log}"'), ("m2", "pid_linear", f'log = "{log}"'))}
     """, "measured.toml")
     assert rpx.run(measured, output=tmp_path / "measured-out.toml").ok
     pids = [line.split()[0] for line in log.read_text().splitlines()]  # each built on meta, then for real
     assert len(pids) == 4 and pids[0] == pids[1] != pids[2] == pids[3]
 
 
-
 def test_a_job_whose_stage_fails_ends_its_worker(write_spec, tmp_path):
     """A stage that fails in the worker (an exception in user code, not a crash) may leave the process in any state:
     the job's worker is ended, and the next job starts in a fresh one, which the job after it shares."""
     log = tmp_path / "pids.log"
-    models = "".join(f"""
-        [[models]]
-        name = "{name}"
-        source = "{MODELS}:{factory}"
-        kwargs = {{ log = "{log}" }}
-        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
-    """ for name, factory in [("a", "pid_linear"), ("broken", "raises_in_forward"), ("c", "pid_linear"),
-                              ("d", "pid_linear")])
+    models = model_tables(*((name, factory, f'log = "{log}"') for name, factory in [
+        ("a", "pid_linear"), ("broken", "raises_in_forward"), ("c", "pid_linear"), ("d", "pid_linear")]))
     spec = write_spec(f"""
         backend = "cpu"
         stages = ["count_params", "count_flops"]
@@ -389,8 +379,6 @@ def test_a_job_whose_stage_fails_ends_its_worker(write_spec, tmp_path):
     assert all(result.model(name).ok for name in "acd")
     pids = [line.split()[0] for line in log.read_text().splitlines()]  # a, broken (built again to count), c, d
     assert len(set(pids[:-2])) == 1 and pids[-2] == pids[-1] != pids[0]
-
-
 
 
 def test_a_measured_stage_runs_with_no_idle_counting_worker_left(write_spec, tmp_path):
@@ -408,21 +396,8 @@ def test_a_measured_stage_runs_with_no_idle_counting_worker_left(write_spec, tmp
         memory_budget = "4GB"
         max_batch = 2
         trial_seconds = 0.05
-        [[models]]
-        name = "c1"
-        source = "{MODELS}:pid_linear"
-        kwargs = {{ log = "{counting}" }}
-        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
-        [[models]]
-        name = "c2"
-        source = "{MODELS}:pid_linear"
-        kwargs = {{ log = "{counting}" }}
-        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
-        [[models]]
-        name = "m"
-        source = "{MODELS}:counts_live_workers"
-        kwargs = {{ log = "{measured}", watch = "{counting}" }}
-        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+        {model_tables(("c1", "pid_linear", f'log = "{counting}"'), ("c2", "pid_linear", f'log = "{counting}"'),
+                      ("m", "counts_live_workers", f'log = "{measured}", watch = "{counting}"'))}
     """)
     result = rpx.run(spec, output=tmp_path / "out.toml")
     assert result.ok, [(m.name, r.error) for m in result.models for r in m.stages.values() if r.error]
@@ -524,7 +499,6 @@ def test_results_held_back_are_written_within_the_window_while_a_long_job_runs(w
     assert resumed.returncode == 0, resumed.stderr
     assert not log.exists()  # quick was kept, not built again
     assert all(model.ok and model.finished for model in load(output).models)
-
 
 
 def test_every_job_of_a_reused_worker_starts_from_the_random_state_of_a_fresh_one(write_spec, tmp_path):
