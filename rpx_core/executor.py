@@ -169,6 +169,8 @@ class WorkerExecutor:
         """End the idle workers (before a measured task, at the end of a run)."""
         with self._lock:
             idle, self._idle = self._idle, []
+        for worker in idle:  # all killed first: their processes end side by side
+            worker.kill()
         for worker in idle:
             worker.close()
 

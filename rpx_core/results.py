@@ -193,27 +193,59 @@ def to_data(obj: Any) -> Any:
 
 
 class ModelCache:
-    """Each model's serialised form, kept while the model is unchanged (the same object): a sweep's file grows with
-    every job, and rewriting it would otherwise serialise every finished model again for each new stage."""
+    """Each model's serialised form, kept while the model is unchanged (the same object), and each stage record's,
+    kept while the record is: a sweep's file grows with every job, and rewriting it would otherwise serialise every
+    finished model again for each new stage, and every record of a running job again for each of its later ones."""
 
     def __init__(self) -> None:
         self._data: dict[str, tuple[ModelResult, Any]] = {}
         self._toml: dict[str, tuple[ModelResult, str]] = {}
+        self._records: dict[tuple[str, str], tuple[StageRecord, Any, list[str]]] = {}  # (model, stage) -> data, toml
 
     def data(self, model: ModelResult) -> Any:
         kept = self._data.get(model.name)
         if kept is None or kept[0] is not model:
-            kept = self._data[model.name] = (model, to_data(model))
+            data = to_data(attrs.evolve(model, stages={}))
+            data["stages"] = {name: self._record(model.name, name, record)[1] for name, record in model.stages.items()}
+            kept = self._data[model.name] = (model, data)
         return kept[1]
 
     def toml(self, model: ModelResult) -> str:
         """The model as its ``[[models]]`` table, exactly as tomli-w writes it inside the whole file."""
         kept = self._toml.get(model.name)
         if kept is None or kept[0] is not model:
-            import tomli_w
-
-            kept = self._toml[model.name] = (model, tomli_w.dumps({"models": [self.data(model)]}))
+            kept = self._toml[model.name] = (model, self._model_toml(model))
         return kept[1]
+
+    def _model_toml(self, model: ModelResult) -> str:
+        import tomli_w
+
+        data = self.data(model)
+        if model.stages:
+            # tomli-w writes each record as its own table ([models.stages.NAME] and those under it), a blank line
+            # between two, where an empty stages table writes the line [models.stages]
+            shell = tomli_w.dumps({"models": [{**data, "stages": {}}]})
+            marker = "\n[models.stages]\n"
+            records = [self._record_toml(model.name, name, record) for name, record in model.stages.items()]
+            if shell.count(marker) == 1 and None not in records:
+                return shell.replace(marker, "\n" + "\n".join(records))
+        return tomli_w.dumps({"models": [data]})
+
+    def _record(self, model: str, name: str, record: StageRecord) -> tuple[StageRecord, Any, list[str]]:
+        kept = self._records.get((model, name))
+        if kept is None or kept[0] is not record:
+            kept = self._records[(model, name)] = (record, converter.unstructure(record, StageRecord), [])
+        return kept
+
+    def _record_toml(self, model: str, name: str, record: StageRecord) -> str | None:
+        """The record's tables as tomli-w writes them in a model; None if it writes them otherwise."""
+        import tomli_w
+
+        kept = self._record(model, name, record)
+        if not kept[2]:
+            text = tomli_w.dumps({"models": [{"stages": {name: kept[1]}}]})
+            kept[2].append(text.removeprefix("[[models]]\n\n") if text.startswith("[[models]]\n\n[") else "")
+        return kept[2][0] or None
 
 
 def dumps(run: RunResult, fmt: Literal["toml", "json"] = "toml", cache: ModelCache | None = None) -> str:

@@ -74,12 +74,18 @@ def test_round_trip(run, fmt):
 @settings(max_examples=60, deadline=None)
 @given(runs, st.dictionaries(names, records, max_size=2), st.sampled_from(["toml", "json"]), st.data())
 def test_a_model_cache_writes_the_same_text_as_serialising_everything(run, run_stages, fmt, data):
-    """The cache only saves work: the same bytes, also after some models changed (new objects) and others not."""
+    """The cache only saves work: the same bytes, also after some models changed (new objects, with new and kept
+    stage records) and others not."""
     run = attrs.evolve(run, run_stages=run_stages)
     cache = ModelCache()
     assert dumps(run, fmt, cache) == dumps(run, fmt)
-    changed = tuple(attrs.evolve(model, finished=None if model.finished else "later") if data.draw(st.booleans())
-                    else model for model in run.models)
+    def redrawn(model: ModelResult) -> ModelResult:  # some records replaced, some kept, some added
+        stages = {name: attrs.evolve(record, seconds=(record.seconds or 0.0) + 1.0) if data.draw(st.booleans())
+                  else record for name, record in model.stages.items()}
+        stages.update(data.draw(st.dictionaries(names, records, max_size=2)))
+        return attrs.evolve(model, finished=None if model.finished else "later", stages=stages)
+
+    changed = tuple(redrawn(model) if data.draw(st.booleans()) else model for model in run.models)
     later = attrs.evolve(run, models=changed)
     assert dumps(later, fmt, cache) == dumps(later, fmt)
 
