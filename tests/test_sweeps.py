@@ -3,6 +3,10 @@ resumed point by point, and run by the local executor side by side exactly as on
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -12,6 +16,7 @@ import attrs
 import rpx_core as rpx
 from rpx_core.convert import converter
 from rpx_core.limits import Execution
+from rpx_core.pipeline import WRITE_INTERVAL
 from rpx_core.results import load, write
 from rpx_core.scheduling import Environment, Resources, WorkItem
 from rpx_plugins.executors.local import LocalExecutor, LocalOptions
@@ -407,40 +412,38 @@ def test_a_measured_stage_runs_with_no_idle_counting_worker_left(write_spec, tmp
     assert first == "0" and in_batch_search and set(in_batch_search) == {"0"}, (first, in_batch_search)
 
 
+def rpx_in_background(spec: Path, output: Path) -> subprocess.Popen:
+    """``rpx run`` in its own process group (its zygote and workers with it), to be killed mid-run."""
+    return subprocess.Popen([sys.executable, "-m", "rpx_core.cli", "run", str(spec), "-o", str(output), "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def killed_with_its_workers(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 def test_a_sweep_killed_mid_run_keeps_what_was_written_and_resume_finishes_it(write_spec, tmp_path):
     """Results that only count are written at most every WRITE_INTERVAL: a SIGKILL of rpx itself loses at most that
     window, the file on disk is whole, and --resume computes the rest, to the figures of an uninterrupted run."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from rpx_core.pipeline import WRITE_INTERVAL
-
     spec = write_spec(f"""
         backend = "cpu"
         stages = ["count_params", "count_flops", "estimate_traffic"]
         [execution]
         executor_options = {{ workers = 1 }}
-        [[models]]
-        name = "slow"
-        source = "{MODELS}:slow_linear"
-        kwargs = {{ seconds = 0.25 }}
-        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+        {model_tables(("slow", "slow_linear", "seconds = 0.25"))}
         [sweep]
         batch_size = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     """)
     output = tmp_path / "out.toml"
-    process = subprocess.Popen([sys.executable, "-m", "rpx_core.cli", "run", str(spec), "-o", str(output), "--quiet"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    process = rpx_in_background(spec, output)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # until a few jobs are on disk
         if output.exists() and output.read_text().count("finished = ") >= 3:
             break
         time.sleep(0.05)
     time.sleep(WRITE_INTERVAL)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    killed_with_its_workers(process)
     killed = load(output)
     done = [model.name for model in killed.models if model.finished]
     assert 3 <= len(done) < 12
@@ -456,33 +459,16 @@ def test_results_held_back_are_written_within_the_window_while_a_long_job_runs(w
     """A quick job's last counts, held back by the write interval, reach the disk (WRITE_INTERVAL later; the test
     waits longer, for a slow machine) while the next job sends nothing for seconds; a SIGKILL of rpx then keeps
     them, and --resume runs only the long job."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from rpx_core.pipeline import WRITE_INTERVAL
-
     log = tmp_path / "pids.log"
     spec = write_spec(f"""
         backend = "cpu"
         stages = ["count_params", "count_flops", "estimate_traffic"]
         [execution]
         executor_options = {{ workers = 1 }}
-        [[models]]
-        name = "quick"
-        source = "{MODELS}:pid_linear"
-        kwargs = {{ log = "{log}" }}
-        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
-        [[models]]
-        name = "long"
-        source = "{MODELS}:slow_linear"
-        kwargs = {{ seconds = 8 }}
-        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+        {model_tables(("quick", "pid_linear", f'log = "{log}"'), ("long", "slow_linear", "seconds = 8"))}
     """)
     output = tmp_path / "out.toml"
-    process = subprocess.Popen([sys.executable, "-m", "rpx_core.cli", "run", str(spec), "-o", str(output), "--quiet"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    process = rpx_in_background(spec, output)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (log.exists() and log.read_text()):  # quick is being built
@@ -495,8 +481,7 @@ def test_results_held_back_are_written_within_the_window_while_a_long_job_runs(w
         assert process.poll() is None  # still running: long had not reported anything when quick was read
         assert quick is not None and quick.finished and quick.ok and set(quick.stages) == set(COUNTS)
     finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        killed_with_its_workers(process)
     assert not load(output).model("long").finished
     log.unlink()
     resumed = rpx_cli("run", str(spec), "-o", str(output), "--resume", "--quiet")
