@@ -33,7 +33,7 @@ import torch  # noqa: E402
 import torch.utils.benchmark as benchmark  # noqa: E402
 from machine import describe_machine, load_average  # noqa: E402
 
-from rpx_core.backends import MemoryPeak  # noqa: E402
+from rpx_core.registry.backends import MemoryPeak  # noqa: E402
 from rpx_core.types.latency import LatencyOptions  # noqa: E402
 from rpx_plugins.latency import interval_is_tight, sample_calls, summarize, warm_up  # noqa: E402
 from rpx_plugins.torch.cpu import CpuBackend  # noqa: E402

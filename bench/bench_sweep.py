@@ -24,8 +24,8 @@ from pathlib import Path
 from machine import describe_machine
 
 import rpx_core as rpx
-from rpx_core.plugins import Plugins
-from rpx_core.spec import spec_from_dict
+from rpx_core.registry.manager import Plugins
+from rpx_core.spec.schema import spec_from_dict
 
 LLAMA_7B = {"name": "llama7b", "source": "rpx_plugins.torch.zoo:llama", "kwargs": {"preset": "llama2-7b"},
             "meta_only": True, "inputs": [{"shape": [1, 128], "dtype": "int64", "high": 32000}]}

@@ -26,7 +26,7 @@ from machine import describe_machine
 from torch.utils.flop_counter import FlopCounterMode
 
 import rpx_core as rpx
-from rpx_core.plugins import Plugins
+from rpx_core.registry.manager import Plugins
 from rpx_plugins.torch import zoo as model_zoo
 from rpx_plugins.torch.counter import build_on_meta, count_model
 

@@ -20,7 +20,7 @@ _LAZY = {
     "profile": "rpx_core.api",
     "load_results": "rpx_core.api",
     "StageFailed": "rpx_core.errors",
-    "hookimpl": "rpx_core.hookspecs",
+    "hookimpl": "rpx_core.registry.hookspecs",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -7,17 +7,17 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import attrs
 
-from rpx_core import results as results_io
-from rpx_core.adapters import adapter_for, infer_backend
-from rpx_core.checks import run_problems
 from rpx_core.errors import RpxError, SpecError, StageFailed
+from rpx_core.execution.pipeline import Listener, Observer, run_plan
 from rpx_core.loading import load_callable
-from rpx_core.pipeline import Listener, Observer, run_plan
-from rpx_core.plan import Plan, make_plan
-from rpx_core.plugins import Plugins
-from rpx_core.results import ModelResult, RunResult
-from rpx_core.sources import split
-from rpx_core.spec import DEFAULT_STAGES, Spec, load_spec, spec_from_dict
+from rpx_core.registry.adapters import adapter_for, infer_backend
+from rpx_core.registry.manager import Plugins
+from rpx_core.registry.sources import split
+from rpx_core.results import serialise as results_io
+from rpx_core.results.records import ModelResult, RunResult
+from rpx_core.spec.checks import run_problems
+from rpx_core.spec.plan import Plan, make_plan
+from rpx_core.spec.schema import DEFAULT_STAGES, Spec, load_spec, spec_from_dict
 
 __all__ = ["load_spec", "run_spec", "run", "profile", "load_results", "StageFailed"]
 
@@ -42,7 +42,7 @@ def run_spec(
 ) -> RunResult:
     """Run a loaded spec. Results are written to ``output`` as they are measured, in ``fmt`` (default: JSON for a
     .json suffix, else TOML). ``execution`` overrides keys of the spec's ``[execution]`` table (isolation, timeouts);
-    ``resume`` continues the run already in ``output`` (see rpx_core.resume). ``where`` names the spec in problem
+    ``resume`` continues the run already in ``output`` (see rpx_core.results.resume). ``where`` names the spec in problem
     lines (default: ``spec_path``)."""
     plugins = plugins or Plugins.load()
     where = where or spec_path or "<spec>"
@@ -71,7 +71,7 @@ def plan_spec(spec: Spec, plugins: Plugins, *, stages: Sequence[str] | None = No
 
 
 def with_inferred_backend(spec: Spec, plugins: Plugins, model_objects: dict[str, Any]) -> Spec:
-    """``spec`` with the backend its first model needs, for a spec that names none (see rpx_core.adapters). A
+    """``spec`` with the backend its first model needs, for a spec that names none (see rpx_core.registry.adapters). A
     factory is called once here to see what it returns; one that fails, or a meta_only model, keeps the default
     backend, so the run reports the failure where it always did."""
     first = spec.models[0]

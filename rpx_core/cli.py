@@ -91,8 +91,8 @@ def add_common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> No
 
 def cmd_run(args: argparse.Namespace) -> int:
     from rpx_core.api import plan_spec, run_spec
-    from rpx_core.checks import validate
-    from rpx_core.console import RunConsole, choose_mode, print_tables
+    from rpx_core.show.console import RunConsole, choose_mode, print_tables
+    from rpx_core.spec.checks import validate
 
     plugins = load_plugins(args)
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip()) if args.stages is not None else None
@@ -103,7 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                        execution=overrides)
     output = Path(args.output) if args.output else spec.output_path()
     if args.dry_run:
-        from rpx_core.scheduling import job_lines
+        from rpx_core.execution.executors import job_lines
 
         planned = plan_spec(spec, plugins, stages=stages, execution=overrides, spec_path=args.spec)
         print("\n".join(job_lines(planned, plugins)))
@@ -121,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from rpx_core.checks import validate
+    from rpx_core.spec.checks import validate
 
     plugins = load_plugins(args)
     spec, plan = validate(args.spec, plugins)
@@ -194,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """Run a command; every outcome is one line and a documented exit code (``--debug`` adds the traceback only)."""
     from rpx_core.errors import RpxError
-    from rpx_core.interrupts import signal_of
+    from rpx_core.execution.interrupts import signal_of
 
     warnings.showwarning = _one_line_warning
     try:
@@ -206,7 +206,7 @@ def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Nam
     except BrokenPipeError:  # output piped into `head` and closed early: not an error
         sys.stderr.close()
         return EXIT_OK
-    except KeyboardInterrupt as interrupt:  # SIGINT, or SIGTERM (rpx_core.interrupts.Interrupted)
+    except KeyboardInterrupt as interrupt:  # SIGINT, or SIGTERM (rpx_core.execution.interrupts.Interrupted)
         _traceback_if(args.debug)
         code = for_signal(signal_of(interrupt))
         print(f"rpx: interrupted ({code.name}); what finished is in the results file, if one was started; "

@@ -2,45 +2,60 @@
 
 Anything else in ``rpx_core`` and ``rpx_plugins`` is private and may change between releases. The plugin guide
 (``docs/plugins.md``) walks through each part: a GPU pack, a backend that overrides one stage, a new stage with
-options, and FLOP formulas for operators the counter does not know.
+options and tables, and FLOP formulas for operators the counter does not know. rpx's built-in plugins import from
+here too (and from :mod:`rpx_core.types`, the schema of the results they define).
 
 * Hooks: :data:`hookimpl` (with pluggy's ``tryfirst``/``trylast`` to order implementations).
 * Registration objects: :class:`Backend` (with :class:`TorchBackend`, the base of the cpu/cuda/mps backends, for a new
-  torch accelerator, and :class:`CpuBackend` for variants of the host backend), :class:`Stage` declarations,
-  :class:`ModelAdapter` (what ``rpx_register_model_adapters`` returns) and :class:`JaxModel` (what a JAX adapter
-  converts to, with the parameter roles ``TRAINABLE``, ``NON_TRAINABLE``, ``BUFFER``; importing it imports no jax),
-  :class:`ModelSource` (models by name: ``source = "myzoo:name"``).
+  torch accelerator, and :class:`CpuBackend` for variants of the host backend: both live with the built-in torch
+  plugin and are imported from it when first asked for, so importing this module imports no plugin),
+  :class:`Stage` declarations, :class:`ModelAdapter` (what ``rpx_register_model_adapters`` returns) and
+  :class:`JaxModel` (what a JAX adapter converts to, with the parameter roles ``TRAINABLE``, ``NON_TRAINABLE``,
+  ``BUFFER``; importing it imports no jax), :class:`ModelSource` (models by name: ``source = "myzoo:name"``) with
+  :func:`import_or_explain` (a library a source needs, or one line saying how to install it).
 * What hooks receive: :class:`StageContext`, :class:`RunContext`, :class:`Job`, :class:`ModelSpec`, :class:`InputSpec`.
 * Result and option types of the built-in stages, and the helpers results are built with (:mod:`rpx_core.stats`
   percentiles and the median's interval as :data:`stats`, :class:`MemoryPeak` with :func:`with_start` to fill in a
-  region's start and increment, :class:`Timer`).
-* Precisions (:class:`Precision`, :func:`get_precision`) and GPU packs (:class:`GPUSpec`, :class:`Peak`,
-  :class:`GPUCatalog`).
+  region's start and increment, :class:`Timer`, :class:`Deadline` for a stage's own time budget,
+  :func:`with_partial` to hand back what an interrupted stage finished, :data:`PROGRESS_INTERVAL`).
+* Precisions (:class:`Precision`, :func:`get_precision`, :func:`check_precision`, ``BYTES_PER_ELEMENT``) and GPU
+  packs (:class:`GPUSpec`, :class:`Peak`, :class:`GPUCatalog`).
 * Operator formulas: :class:`OpFormula` (what ``rpx_register_op_formulas`` returns) and :mod:`rpx_core.cost_table`
   as :data:`cost_table` (the per-element FLOP costs behind every ``other_flops``).
 * Executors: :class:`Executor` (what ``rpx_register_executors`` returns), the :class:`WorkItem` jobs it receives
   with their :class:`Resources`, its :class:`Environment`, :func:`run_task_elsewhere` for the far side of a cluster,
-  :class:`Placed` (the node a job ran on) and :func:`failed_records` (a job that could not run).
+  :class:`Placed` (the node a job ran on), :func:`failed_records` (a job that could not run), :func:`usable_cores`
+  and :class:`Interrupted` / :func:`signal_of` (SIGINT and SIGTERM as they reach an executor).
 * Errors: :class:`RpxError` (the user can fix it: one line, exit 2), :class:`UnsupportedError` (a figure cannot be
   produced: said out loud, never a zero), :class:`NotApplicable` (a stage does not apply to this model: recorded as
-  not applicable with the reason).
+  not applicable with the reason), :class:`PluginError`, :class:`BackendUnavailable`, :class:`MissingPeakError`, and
+  :func:`did_you_mean` for messages that suggest the closest name.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from rpx_core import cost_table, stats
-from rpx_core.adapters import ModelAdapter
-from rpx_core.backends import Availability, Backend, MemoryPeak, Timer, with_start
-from rpx_core.context import Job, RunContext, StageContext
-from rpx_core.errors import NotApplicable, RpxError, UnsupportedError
-from rpx_core.gpus import GPUCatalog, GPUSpec, Peak
-from rpx_core.hookspecs import hookimpl
-from rpx_core.op_formula import OpFormula
-from rpx_core.precision import PRECISIONS, Precision, get_precision
-from rpx_core.scheduling import Environment, Executor, Resources, WorkItem, run_task_elsewhere
-from rpx_core.sources import ModelSource
-from rpx_core.spec import InputSpec, ModelSpec
-from rpx_core.stages import Stage
+from rpx_core.errors import BackendUnavailable, NotApplicable, PluginError, RpxError, UnsupportedError, did_you_mean
+from rpx_core.execution.context import Job, RunContext, StageContext
+from rpx_core.execution.executors import Environment, Executor, Resources, WorkItem, run_task_elsewhere, usable_cores
+from rpx_core.execution.interrupts import Interrupted, signal_of, with_partial
+from rpx_core.execution.progress import INTERVAL as PROGRESS_INTERVAL
+from rpx_core.execution.stage_loop import failed_records
+from rpx_core.execution.tasks import Placed
+from rpx_core.loading import load_callable
+from rpx_core.precision import BYTES_PER_ELEMENT, PRECISIONS, Precision, check_precision, get_precision
+from rpx_core.registry.adapters import BUFFER, NON_TRAINABLE, TRAINABLE, JaxModel, ModelAdapter, adapter_for
+from rpx_core.registry.backends import Availability, Backend, MemoryPeak, Timer, with_start
+from rpx_core.registry.gpus import GPUCatalog, GPUSpec, MissingPeakError, Peak
+from rpx_core.registry.hookspecs import hookimpl
+from rpx_core.registry.op_formula import OpFormula
+from rpx_core.registry.sources import ModelSource, import_or_explain
+from rpx_core.registry.stages import Stage
+from rpx_core.spec.limits import Deadline
+from rpx_core.spec.schema import FLOAT_DTYPES, InputSpec, ModelSpec
 from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult
 from rpx_core.types.counts import (
     CountOptions,
@@ -54,30 +69,41 @@ from rpx_core.types.counts import (
 from rpx_core.types.latency import LatencyOptions, LatencyResult, ThroughputResult
 from rpx_core.types.roofline import GPURoofline, RooflineOptions, RooflineResult
 from rpx_core.types.system_card import AcceleratorCard, SystemCard
-from rpx_core.worker import Placed, failed_records
-from rpx_plugins.jax.model import BUFFER, NON_TRAINABLE, TRAINABLE, JaxModel
-from rpx_plugins.torch.backend import TorchBackend
-from rpx_plugins.torch.cpu import CpuBackend
+
+#: Base classes that live with a built-in plugin, imported from it on first use (importing this module imports no
+#: plugin, so a plugin that does not need them never loads the torch plugin's modules).
+_FROM_PLUGINS = {"TorchBackend": "rpx_plugins.torch.backend", "CpuBackend": "rpx_plugins.torch.cpu"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_PLUGINS:
+        return getattr(importlib.import_module(_FROM_PLUGINS[name]), name)
+    raise AttributeError(f"module 'rpx_core.plugin' has no attribute {name!r}")
+
 
 __all__ = [
     "hookimpl",
     # registration objects
-    "Backend", "TorchBackend", "CpuBackend", "Availability", "Stage", "ModelAdapter", "ModelSource",
-    "JaxModel", "TRAINABLE", "NON_TRAINABLE", "BUFFER",
+    "Backend", "TorchBackend", "CpuBackend", "Availability", "Stage", "ModelAdapter", "ModelSource",  # noqa: F822
+    "import_or_explain", "JaxModel", "TRAINABLE", "NON_TRAINABLE", "BUFFER", "adapter_for",
     # what hooks receive
-    "StageContext", "RunContext", "Job", "ModelSpec", "InputSpec",
+    "StageContext", "RunContext", "Job", "ModelSpec", "InputSpec", "FLOAT_DTYPES", "load_callable",
     # results, options and the helpers they are built with
     "ParamsResult", "FlopsResult", "TrafficResult", "OpRecord", "OperatorStats", "ModuleStats", "CountOptions",
     "RooflineResult", "GPURoofline", "RooflineOptions",
     "LatencyResult", "ThroughputResult", "LatencyOptions", "MemoryPeak", "with_start", "Timer", "stats",
+    "Deadline", "with_partial", "PROGRESS_INTERVAL",
     "SystemCard", "AcceleratorCard",
     "BatchSearchResult", "BatchSearchOptions",
     # precisions and GPU packs
-    "Precision", "PRECISIONS", "get_precision", "GPUSpec", "Peak", "GPUCatalog",
+    "Precision", "PRECISIONS", "get_precision", "check_precision", "BYTES_PER_ELEMENT",
+    "GPUSpec", "Peak", "GPUCatalog",
     # operator formulas
     "OpFormula", "cost_table",
     # executors
     "Executor", "WorkItem", "Resources", "Environment", "run_task_elsewhere", "Placed", "failed_records",
+    "usable_cores", "Interrupted", "signal_of",
     # errors
-    "RpxError", "UnsupportedError", "NotApplicable",
+    "RpxError", "UnsupportedError", "NotApplicable", "PluginError", "BackendUnavailable", "MissingPeakError",
+    "did_you_mean",
 ]

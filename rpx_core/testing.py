@@ -19,12 +19,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rpx_core.api import input_tables
-from rpx_core.backends import Backend
-from rpx_core.context import RunContext, StageContext
 from rpx_core.errors import UnsupportedError
-from rpx_core.plan import Plan, make_plan
-from rpx_core.plugins import Plugins, StageHookError
-from rpx_core.spec import spec_from_dict
+from rpx_core.execution.context import RunContext, StageContext
+from rpx_core.registry.backends import Backend
+from rpx_core.registry.manager import Plugins, StageHookError
+from rpx_core.spec.plan import Plan, make_plan
+from rpx_core.spec.schema import spec_from_dict
 
 
 @functools.cache

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterable
 
-from rpx_core.backends import MemoryPeak, with_start
+from rpx_core.plugin import MemoryPeak, with_start
 
 CLEAR_REFS = Path("/proc/self/clear_refs")
 STATUS = Path("/proc/self/status")

@@ -23,12 +23,7 @@ from typing import Any, Callable
 
 import attrs
 
-from rpx_core import stats
-from rpx_core.backends import Backend, Timer
-from rpx_core.context import StageContext
-from rpx_core.hookspecs import hookimpl
-from rpx_core.limits import Deadline
-from rpx_core.progress import INTERVAL as PROGRESS_INTERVAL
+from rpx_core.plugin import PROGRESS_INTERVAL, Backend, Deadline, StageContext, Timer, hookimpl, stats
 from rpx_core.types.latency import LatencyOptions, LatencyResult, ThroughputResult
 from rpx_plugins.measurement import gc_paused
 

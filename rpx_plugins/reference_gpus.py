@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 
-from rpx_core.hookspecs import hookimpl
+from rpx_core.plugin import hookimpl
 
 
 def reference_pack_path() -> Traversable:

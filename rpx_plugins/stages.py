@@ -31,9 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rpx_core.errors import did_you_mean
-from rpx_core.hookspecs import hookimpl
-from rpx_core.stages import Stage
+from rpx_core.plugin import Stage, did_you_mean, hookimpl
 from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult
 from rpx_core.types.counts import CountOptions, FlopsResult, ParamsResult, TrafficResult
 from rpx_core.types.latency import LatencyOptions, LatencyResult

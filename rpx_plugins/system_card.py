@@ -19,8 +19,7 @@ from typing import Any
 
 import attrs
 
-from rpx_core.context import StageContext
-from rpx_core.hookspecs import hookimpl
+from rpx_core.plugin import StageContext, hookimpl
 from rpx_core.types.system_card import AcceleratorCard, SystemCard
 
 FRAMEWORKS = ("torch", "numpy", "jax", "jaxlib", "flax")

@@ -85,7 +85,8 @@ def console_text(run) -> str:
     """What ``rpx run`` prints when it ends for ``run`` (its tables, as piped to a file)."""
     import io
 
-    from rpx_core import render, views
+    from rpx_core.show import formats as render
+    from rpx_core.show import tables as views
 
     out = io.StringIO()
     render.terminal(views.tables(run, views.RUN_END), [], out)

@@ -11,7 +11,7 @@ import torch
 import rpx_core as rpx
 from rpx_core import __version__
 from rpx_core.errors import RpxError
-from rpx_core.plugins import Plugins
+from rpx_core.registry.manager import Plugins
 from tests.conftest import rpx_cli
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rpx_core.api import run_spec
-from rpx_core.plugins import Plugins
-from rpx_core.spec import spec_from_dict
+from rpx_core.registry.manager import Plugins
+from rpx_core.spec.schema import spec_from_dict
 from tests.conftest import rpx_cli
 
 BUILD_LOG: list[str] = []

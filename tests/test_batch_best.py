@@ -19,9 +19,9 @@ from typing import Callable
 import pytest
 import torch
 
-from rpx_core.backends import MemoryPeak
-from rpx_core.context import Job, RunContext, StageContext
-from rpx_core.spec import InputSpec, ModelSpec
+from rpx_core.execution.context import Job, RunContext, StageContext
+from rpx_core.registry.backends import MemoryPeak
+from rpx_core.spec.schema import InputSpec, ModelSpec
 from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult, BatchTracker, format_table
 from rpx_plugins.batch_search.planner import BatchPlanner
 from rpx_plugins.batch_search.stage import chunk_noise, rpx_batch_search, timed_until

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpx_core.backends import MemoryPeak
 from rpx_core.convert import structure
 from rpx_core.errors import SpecError
+from rpx_core.registry.backends import MemoryPeak
 from rpx_core.types.batch_search import (
     BatchSearchOptions,
     BatchSearchResult,
@@ -400,7 +400,7 @@ def test_result_round_trips_through_toml():
 
     import tomli_w
 
-    from rpx_core.results import converter, to_data
+    from rpx_core.results.records import converter, to_data
 
     def used(stage: int, size: int) -> int:  # a step at 8 makes an over-budget trial
         return 100 * MB + 40 * MB * size + 200 * MB * (size >= 8)

@@ -8,9 +8,9 @@ import psutil
 import pytest
 import torch
 
-from rpx_core.context import Job, RunContext, StageContext
 from rpx_core.errors import RpxError
-from rpx_core.spec import InputSpec, ModelSpec
+from rpx_core.execution.context import Job, RunContext, StageContext
+from rpx_core.spec.schema import InputSpec, ModelSpec
 from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult
 from rpx_plugins.batch_search.stage import rpx_batch_search
 from rpx_plugins.torch.cpu import CpuBackend

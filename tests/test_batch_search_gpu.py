@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from rpx_core.context import Job, RunContext, StageContext
-from rpx_core.spec import ModelSpec
+from rpx_core.execution.context import Job, RunContext, StageContext
+from rpx_core.spec.schema import ModelSpec
 from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult
 from rpx_plugins.batch_search.stage import rpx_batch_search
 from rpx_plugins.torch.cuda import CudaBackend

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rpx_core import charts
 from rpx_core.api import load_results
 from rpx_core.errors import RpxError
+from rpx_core.show import charts
 
 pytest.importorskip("matplotlib")  # in the test extra; the message without it is tested below
 

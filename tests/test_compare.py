@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 from rpx_core.api import load_results
-from rpx_core.compare import compare, figures, verdict
+from rpx_core.show.compare import compare, figures, verdict
 
 DATA = Path(__file__).parent / "data"
 RUN_A, RUN_B = DATA / "run_a_results.toml", DATA / "run_b_other_shapes_results.toml"
@@ -63,7 +63,7 @@ def test_schema_mismatch_blocks_everything(run_a):
 
 
 def test_latency_verdict_uses_intervals_or_the_spread():
-    from rpx_core.results import ModelResult, StageRecord
+    from rpx_core.results.records import ModelResult, StageRecord
 
     def model(p50, spread, interval=None):
         latency = {"p50_ms": p50, "spread": spread, "p50_interval_ms": interval, "throughput": ()}  # a newer file's fields

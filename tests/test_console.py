@@ -10,10 +10,10 @@ import subprocess
 import sys
 import textwrap
 
-from rpx_core.console import RunConsole
-from rpx_core.progress import Progress, ProgressReporter
-from rpx_core.results import StageRecord
-from rpx_core.worker import Finished, Started
+from rpx_core.execution.progress import Progress, ProgressReporter
+from rpx_core.execution.tasks import Finished, Started
+from rpx_core.results.records import StageRecord
+from rpx_core.show.console import RunConsole
 
 SPEC = """
 name = "console"

@@ -16,7 +16,7 @@ from torch.utils.flop_counter import sdpa_backward_flop_count
 from rpx_core import cost_table
 from rpx_core.api import run_spec
 from rpx_core.errors import SpecError
-from rpx_core.spec import spec_from_dict
+from rpx_core.spec.schema import spec_from_dict
 from rpx_core.types.counts import CountOptions
 from rpx_plugins.jax import jaxpr
 from rpx_plugins.torch.counter import count_model

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rpx_core.context import Job, StageContext
 from rpx_core.errors import UnsupportedError
-from rpx_core.spec import InputSpec, ModelSpec
+from rpx_core.execution.context import Job, StageContext
+from rpx_core.spec.schema import InputSpec, ModelSpec
 from rpx_core.types.latency import LatencyOptions
 from rpx_plugins.latency import measure_latency
 from rpx_plugins.torch import cuda as cuda_backend

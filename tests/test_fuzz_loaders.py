@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rpx_core.errors import RpxError
-from rpx_core.plan import plan_with_problems
-from rpx_core.plugins import Plugins
-from rpx_core.results import loads
-from rpx_core.spec import structure_spec
+from rpx_core.registry.manager import Plugins
+from rpx_core.results.serialise import loads
+from rpx_core.spec.plan import plan_with_problems
+from rpx_core.spec.schema import structure_spec
 
 VALID_SPEC = {
     "name": "fuzz",
@@ -105,7 +105,7 @@ def test_mutated_valid_specs_are_answered_with_problem_lines(data):
 
 def valid_results_text(tmp_path_factory) -> str:
     import rpx_core as rpx
-    from rpx_core.spec import spec_from_dict
+    from rpx_core.spec.schema import spec_from_dict
 
     folder = tmp_path_factory.mktemp("fuzz-results")
     spec = spec_from_dict({**VALID_SPEC, "stages": ["count_params", "system_card"], "gpus": [], "options": {},
@@ -144,7 +144,7 @@ def test_damaged_results_files_are_one_line_errors(tmp_path_factory):
 
     RESULTS.append(valid_results_text(tmp_path_factory))
     types = {name: stage.result for name, stage in PLUGINS.stages().unambiguous().items()}
-    assert rpx.results.loads(RESULTS[0], result_types=types).models[0].name == "lin"  # the undamaged file loads
+    assert rpx.results.serialise.loads(RESULTS[0], result_types=types).models[0].name == "lin"  # the undamaged file loads
 
     @FUZZ
     @given(damaged_results())

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from rpx_core.errors import RpxError
-from rpx_core.gpus import (
+from rpx_core.precision import PRECISIONS, UnknownPrecisionError
+from rpx_core.registry.gpus import (
     AmbiguousGPUError,
     GPUCatalog,
     GPUConflictError,
@@ -21,7 +22,6 @@ from rpx_core.gpus import (
     gpu_rows,
     load_pack,
 )
-from rpx_core.precision import PRECISIONS, UnknownPrecisionError
 from rpx_plugins.reference_gpus import reference_pack_path
 
 PROVIDER = "rpx 0.1.0"
@@ -378,7 +378,7 @@ def test_an_alias_claimed_by_two_gpus_is_an_error(tmp_path: Path, reference: GPU
 
 
 def test_importing_the_gpu_module_does_not_import_torch_or_numpy() -> None:
-    code = "import sys, rpx_core.gpus; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')))"
+    code = "import sys, rpx_core.registry.gpus; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')))"
     repo = Path(__file__).resolve().parents[1]
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo).stdout
     assert output.strip() == "[]"

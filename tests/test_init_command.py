@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rpx_core.errors import RpxError
-from rpx_core.starter import build_function, model_source
+from rpx_core.spec.starter import build_function, model_source
 from tests.conftest import rpx_cli
 
 

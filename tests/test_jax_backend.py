@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from rpx_core.api import run_spec
-from rpx_core.backends import MemoryPeak
 from rpx_core.errors import BackendUnavailable, UnsupportedError
-from rpx_core.plugins import Plugins
-from rpx_core.results import ModelResult
-from rpx_core.spec import load_spec, spec_from_dict
+from rpx_core.registry.backends import MemoryPeak
+from rpx_core.registry.manager import Plugins
+from rpx_core.results.records import ModelResult
+from rpx_core.spec.schema import load_spec, spec_from_dict
 from rpx_core.types.counts import OTHERS
 from rpx_plugins.jax import jaxpr as jax_jaxpr
 from rpx_plugins.jax.backend import (

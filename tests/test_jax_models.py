@@ -15,7 +15,7 @@ import pytest
 import rpx_core as rpx
 from rpx_core.api import run_spec
 from rpx_core.errors import UnsupportedError
-from rpx_core.spec import load_spec
+from rpx_core.spec.schema import load_spec
 from rpx_plugins.jax import zoo
 
 flax_linen = pytest.importorskip("flax.linen", reason="flax is in the test extra")
@@ -185,9 +185,9 @@ class Haiku:
 
 
 def test_a_plugin_adds_an_adapter_for_another_library_through_the_same_hook():
-    from rpx_core.adapters import ModelAdapter
-    from rpx_core.hookspecs import hookimpl
-    from rpx_core.plugins import Plugins
+    from rpx_core.registry.adapters import ModelAdapter
+    from rpx_core.registry.hookspecs import hookimpl
+    from rpx_core.registry.manager import Plugins
     from rpx_plugins.jax import JaxModel
 
     class Plugin:

@@ -18,12 +18,12 @@ import tomli_w
 import torch
 
 from rpx_core import stats
-from rpx_core.backends import Timer
-from rpx_core.context import Job, StageContext
 from rpx_core.convert import converter, structure
 from rpx_core.errors import SpecError
-from rpx_core.results import to_data
-from rpx_core.spec import InputSpec, ModelSpec
+from rpx_core.execution.context import Job, StageContext
+from rpx_core.registry.backends import Timer
+from rpx_core.results.records import to_data
+from rpx_core.spec.schema import InputSpec, ModelSpec
 from rpx_core.types.latency import LatencyOptions, LatencyResult
 from rpx_plugins import latency
 from rpx_plugins.system_card import machine_card

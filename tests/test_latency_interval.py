@@ -17,14 +17,15 @@ from types import SimpleNamespace as NS
 import pytest
 import torch
 
-from rpx_core import stats, units
-from rpx_core.backends import MemoryPeak, Timer
-from rpx_core.context import Job, StageContext
-from rpx_core.results import ModelResult, StageRecord
-from rpx_core.spec import InputSpec, ModelSpec
-from rpx_core.summary import summarise
+from rpx_core import stats
+from rpx_core.execution.context import Job, StageContext
+from rpx_core.registry.backends import MemoryPeak, Timer
+from rpx_core.results.records import ModelResult, StageRecord
+from rpx_core.results.summary import summarise
+from rpx_core.show import units
+from rpx_core.show.tables import interval_text
+from rpx_core.spec.schema import InputSpec, ModelSpec
 from rpx_core.types.latency import LatencyOptions
-from rpx_core.views import interval_text
 from rpx_plugins import latency
 from rpx_plugins.stages import BUILTIN_STAGES
 from rpx_plugins.torch.cpu import CpuBackend

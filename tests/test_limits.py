@@ -10,10 +10,10 @@ import torch
 
 import rpx_core as rpx
 from rpx_core.errors import RpxError
-from rpx_core.executor import InProcessExecutor, WorkerExecutor
-from rpx_core.limits import Deadline, Execution
-from rpx_core.pipeline import make_executor
-from rpx_core.plugins import Plugins
+from rpx_core.execution.pipeline import make_runner
+from rpx_core.execution.runners import InProcessRunner, WorkerRunner
+from rpx_core.registry.manager import Plugins
+from rpx_core.spec.limits import Deadline, Execution
 
 
 def test_a_deadline_counts_down_and_none_never_expires():
@@ -61,8 +61,8 @@ def test_an_in_process_stage_past_its_timeout_is_stopped_and_recorded():
 
 def test_isolation_auto_runs_live_objects_in_process_and_everything_else_in_workers():
     plugins = Plugins.load()
-    assert isinstance(make_executor(plugins, Execution(), None), WorkerExecutor)
-    assert isinstance(make_executor(plugins, Execution(), {"m": object()}), InProcessExecutor)
-    assert isinstance(make_executor(plugins, Execution(isolation="in-process"), None), InProcessExecutor)
+    assert isinstance(make_runner(plugins, Execution(), None), WorkerRunner)
+    assert isinstance(make_runner(plugins, Execution(), {"m": object()}), InProcessRunner)
+    assert isinstance(make_runner(plugins, Execution(isolation="in-process"), None), InProcessRunner)
     with pytest.raises(RpxError, match="a live model object cannot be sent to a worker process"):
-        make_executor(plugins, Execution(isolation="worker"), {"m": object()})
+        make_runner(plugins, Execution(isolation="worker"), {"m": object()})

@@ -13,9 +13,9 @@ import time
 import pytest
 import torch
 
-from rpx_core.backends import MemoryPeak, with_start
-from rpx_core.context import Job, StageContext
-from rpx_core.spec import InputSpec, ModelSpec
+from rpx_core.execution.context import Job, StageContext
+from rpx_core.registry.backends import MemoryPeak, with_start
+from rpx_core.spec.schema import InputSpec, ModelSpec
 from rpx_core.types.latency import LatencyOptions
 from rpx_plugins import host_memory
 from rpx_plugins.latency import measure_latency

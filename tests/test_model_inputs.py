@@ -12,7 +12,7 @@ import torch
 
 import rpx_core as rpx
 from rpx_core.loading import load_callable
-from rpx_core.results import RunResult
+from rpx_core.results.records import RunResult
 from rpx_plugins.torch.backend import factory_inputs
 from tests.conftest import rpx_cli
 

@@ -19,8 +19,8 @@ import pytest
 from rpx_core.api import run_spec
 from rpx_core.errors import PluginError, RpxError, SpecError, UnsupportedError
 from rpx_core.plugin import ModelSource
-from rpx_core.plugins import Plugins
-from rpx_core.spec import InputSpec, spec_from_dict
+from rpx_core.registry.manager import Plugins
+from rpx_core.spec.schema import InputSpec, spec_from_dict
 from rpx_plugins.sources import hf, vision
 from tests.conftest import rpx_cli
 
@@ -336,7 +336,7 @@ def test_profile_problems_are_one_line_each_naming_the_option(llama_dir: Path, t
 def test_the_llama2_7b_spec_matches_the_published_size_and_rpx_own_llama(monkeypatch) -> None:
     """specs/hf_llama2_7b.toml through transformers against the zoo's Llama-2-7B written from code: two independent
     implementations of one architecture give the same parameters (6,738,415,616, the published figure) and MACs."""
-    from rpx_core.spec import load_spec
+    from rpx_core.spec.schema import load_spec
 
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)

@@ -11,9 +11,9 @@ import time
 import pytest
 import torch
 
-from rpx_core.context import Job, StageContext
-from rpx_core.gpus import GPUCatalog, load_pack
-from rpx_core.spec import ModelSpec
+from rpx_core.execution.context import Job, StageContext
+from rpx_core.registry.gpus import GPUCatalog, load_pack
+from rpx_core.spec.schema import ModelSpec
 from rpx_core.types.latency import LatencyOptions
 from rpx_plugins.latency import measure_latency
 from rpx_plugins.reference_gpus import reference_pack_path

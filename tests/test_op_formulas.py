@@ -14,9 +14,9 @@ from torch import nn
 from rpx_core import hookimpl
 from rpx_core.api import run_spec
 from rpx_core.errors import PluginError
-from rpx_core.op_formula import OpFormula
-from rpx_core.plugins import Plugins
-from rpx_core.spec import spec_from_dict
+from rpx_core.registry.manager import Plugins
+from rpx_core.registry.op_formula import OpFormula
+from rpx_core.spec.schema import spec_from_dict
 
 ROWS, WIDTH, SCALE = 3, 8, 2.0
 ELEMENTS = ROWS * WIDTH

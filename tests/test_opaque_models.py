@@ -11,7 +11,7 @@ import torch
 
 import rpx_core as rpx
 from rpx_core.api import run_spec
-from rpx_core.spec import spec_from_dict
+from rpx_core.spec.schema import spec_from_dict
 from tests.conftest import rpx_cli
 
 CLIENT = '''

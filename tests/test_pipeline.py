@@ -9,10 +9,10 @@ import pytest
 from rpx_core import hookimpl
 from rpx_core.api import run_spec
 from rpx_core.errors import RpxError, SpecError
-from rpx_core.plugins import Plugins
-from rpx_core.results import load
-from rpx_core.spec import spec_from_dict
-from rpx_core.stages import Stage, resolve_order
+from rpx_core.registry.manager import Plugins
+from rpx_core.registry.stages import Stage, resolve_order
+from rpx_core.results.serialise import load
+from rpx_core.spec.schema import spec_from_dict
 
 CALLS: list[tuple[str, str]] = []
 

@@ -13,8 +13,8 @@ import pytest
 
 from rpx_core.api import load_results, run_spec
 from rpx_core.errors import PluginError, SpecError
-from rpx_core.plugins import Plugins
-from rpx_core.spec import spec_from_dict
+from rpx_core.registry.manager import Plugins
+from rpx_core.spec.schema import spec_from_dict
 from rpx_core.testing import make_context, run_stage
 from tests.conftest import EXAMPLE_PLUGIN, REPO, make_plugin_package, pip_install_target, rpx_cli
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from rpx_core import hookspecs
-from rpx_core.plugins import Plugins
+from rpx_core.registry import hookspecs
+from rpx_core.registry.manager import Plugins
 from tests.conftest import REPO, pip_install_target
 
 GUIDE = REPO / "docs" / "plugins.md"
@@ -175,8 +175,8 @@ def table_keys(text: str, after: str) -> list[str]:
 
 
 def test_the_gpu_pack_schema_lists_every_key_of_the_format():
-    from rpx_core.gpus import SEGMENTS, GPUSpec, Peak, _PackHeader
     from rpx_core.precision import PRECISIONS
+    from rpx_core.registry.gpus import SEGMENTS, GPUSpec, Peak, _PackHeader
 
     schema = section(GUIDE.read_text(), "The GPU-pack format")
     assert set(table_keys(schema, "`[pack]`:")) == set(attrs.fields_dict(_PackHeader))
@@ -190,7 +190,7 @@ def test_the_gpu_pack_schema_lists_every_key_of_the_format():
 
 
 def test_the_walkthrough_pack_loads_with_every_documented_key(tmp_path):
-    from rpx_core.gpus import load_pack
+    from rpx_core.registry.gpus import load_pack
 
     (path,) = [p for p in write_walkthrough_files(tmp_path) if p.suffix == ".toml" and p.parent.name == "rpx_acme"]
     gpu = load_pack(path, provider="rpx-acme 0.1.0").gpus[0]
@@ -198,7 +198,7 @@ def test_the_walkthrough_pack_loads_with_every_documented_key(tmp_path):
 
 
 def test_the_choose_table_has_a_row_per_choice():
-    from rpx_core.spec import Choices
+    from rpx_core.spec.schema import Choices
 
     choose = section(GUIDE.read_text(), "The `[choose]` table")
     documented = set(re.findall(r"^\| `choose\.(\w+)` \|", choose, flags=re.MULTILINE))
@@ -241,7 +241,7 @@ def test_the_second_plugin_is_found_by_its_entry_point(fleet_site):
 
 def test_the_second_plugin_runs_its_run_scoped_stage_pack_and_formula(fleet_site, monkeypatch):
     from rpx_core.api import run_spec
-    from rpx_core.spec import spec_from_dict
+    from rpx_core.spec.schema import spec_from_dict
 
     monkeypatch.syspath_prepend(str(fleet_site))
     linear = {"name": "lin", "source": "torch.nn:Linear", "kwargs": {"in_features": 16, "out_features": 8},
@@ -266,7 +266,7 @@ def test_the_second_plugin_runs_its_run_scoped_stage_pack_and_formula(fleet_site
 def test_the_second_plugin_checks_its_options_before_anything_runs(fleet_site, monkeypatch):
     from rpx_core.api import run_spec
     from rpx_core.errors import SpecError
-    from rpx_core.spec import spec_from_dict
+    from rpx_core.spec.schema import spec_from_dict
 
     monkeypatch.syspath_prepend(str(fleet_site))
     spec = spec_from_dict({"models": [{"name": "m", "source": "torch.nn:Identity", "inputs": [{"shape": [1, 2]}]}],
@@ -302,7 +302,7 @@ def test_third_party_trylast_implementations_come_after_the_builtins(tmp_path, m
     plugins = Plugins.load()
     assert plugins.hook_order("rpx_count_params") == ["jax-counts", "torch-counts", "omega", "alpha"]
     from rpx_core.api import run_spec
-    from rpx_core.spec import spec_from_dict
+    from rpx_core.spec.schema import spec_from_dict
 
     model = {"name": "lin", "source": "torch.nn:Linear", "kwargs": {"in_features": 16, "out_features": 8},
              "inputs": [{"shape": [1, 16]}]}
@@ -324,7 +324,7 @@ def rpx_register_stages():
 def test_choose_stages_settles_two_declarations_of_one_stage(acme, tmp_path, monkeypatch):
     from rpx_core.api import run_spec
     from rpx_core.errors import SpecError
-    from rpx_core.spec import spec_from_dict
+    from rpx_core.spec.schema import spec_from_dict
     from tests.conftest import make_plugin_package
 
     rival = make_plugin_package(tmp_path / "src", "rpx-rival-energy", "rpx_rival_energy", "rival", RIVAL_ENERGY)

@@ -10,8 +10,8 @@ import pytest
 from rpx_core import __version__
 from rpx_core.api import run_spec
 from rpx_core.errors import PluginError, SpecError
-from rpx_core.plugins import PluginLoadWarning, Plugins
-from rpx_core.spec import spec_from_dict
+from rpx_core.registry.manager import PluginLoadWarning, Plugins
+from rpx_core.spec.schema import spec_from_dict
 from tests.conftest import make_plugin_package, pip_install_target, rpx_cli
 
 MODEL = {"name": "lin", "source": "torch.nn:Linear", "kwargs": {"in_features": 16, "out_features": 8},

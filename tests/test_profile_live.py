@@ -14,8 +14,8 @@ import torch
 import rpx_core as rpx
 from rpx_core.api import run_spec
 from rpx_core.errors import RpxError, SpecError
-from rpx_core.results import ModelResult
-from rpx_core.spec import spec_from_dict
+from rpx_core.results.records import ModelResult
+from rpx_core.spec.schema import spec_from_dict
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

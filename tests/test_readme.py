@@ -8,8 +8,8 @@ from pathlib import Path
 
 import attrs
 
-from rpx_core.limits import Execution
-from rpx_core.spec import Choices, InputSpec, ModelSpec, Spec, Sweep
+from rpx_core.spec.limits import Execution
+from rpx_core.spec.schema import Choices, InputSpec, ModelSpec, Spec, Sweep
 from tests.conftest import REPO
 
 README = REPO / "README.md"
@@ -87,5 +87,5 @@ def test_the_layout_names_every_folder_of_the_tree():
 
     tree = [*folders(REPO, deep=False), *folders(REPO / "rpx_core", deep=True), *folders(REPO / "rpx_plugins", deep=True)]
     assert [str(path.relative_to(REPO)) for path in tree if path.resolve() not in named] == []
-    public = ["plugin.py", "hookspecs.py", "stages.py", "testing.py"]
+    public = ["plugin.py", "registry/hookspecs.py", "registry/stages.py", "testing.py"]
     assert all((REPO / "rpx_core" / name).resolve() in named for name in public)

@@ -10,18 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rpx_core.errors import RpxError
-from rpx_core.results import (
-    ModelCache,
-    ModelResult,
-    PluginInfo,
-    Provenance,
-    RunResult,
-    StageRecord,
-    dumps,
-    load,
-    loads,
-    write,
-)
+from rpx_core.results.records import ModelResult, PluginInfo, Provenance, RunResult, StageRecord
+from rpx_core.results.serialise import ModelCache, dumps, load, loads, write
 
 names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_-", min_size=1, max_size=12)
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
@@ -109,7 +99,7 @@ def test_unknown_schema_version_is_refused():
 def test_real_stage_results_round_trip_through_toml_and_json(tmp_path):
     """Every built-in result type (Tier 1, roofline, latency, system card) survives dump -> load unchanged."""
     from rpx_core.api import load_results, run_spec
-    from rpx_core.spec import spec_from_dict
+    from rpx_core.spec.schema import spec_from_dict
 
     spec = spec_from_dict({
         "stages": ["count_params", "roofline", "measure_latency"],

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rpx_core.convert import converter
-from rpx_core.gpus import GPUCatalog, load_pack
 from rpx_core.precision import UnknownPrecisionError
+from rpx_core.registry.gpus import GPUCatalog, load_pack
 from rpx_core.types.roofline import RooflineResult
 from rpx_plugins.reference_gpus import reference_pack_path
 from rpx_plugins.roofline.bounds import Workload, compute_roofline, roofline

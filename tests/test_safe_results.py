@@ -16,8 +16,9 @@ import pytest
 import rpx_core as rpx
 from rpx_core.cli import main
 from rpx_core.errors import RpxError
-from rpx_core.results import RunResult, dumps
-from rpx_core.safe_write import OutputError, OutputLock, atomic_write, check_target, path_safe
+from rpx_core.results.records import RunResult
+from rpx_core.results.safe_write import OutputError, OutputLock, atomic_write, check_target, path_safe
+from rpx_core.results.serialise import dumps
 
 SPEC = """
 name = "{name}"
@@ -108,7 +109,7 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_first_holds_it(tmp
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from rpx_core.safe_write import OutputLock
+        from rpx_core.results.safe_write import OutputLock
         with OutputLock(Path({str(tmp_path / 'out.toml')!r})):
             print("held", flush=True)
             sys.stdin.readline()
@@ -204,8 +205,9 @@ def test_results_that_only_count_are_written_within_the_write_interval_even_if_n
     short one cannot hold the short one's results back."""
     import time
 
-    from rpx_core.pipeline import WRITE_INTERVAL, ResultsFile
-    from rpx_core.results import Provenance, load
+    from rpx_core.results.records import Provenance
+    from rpx_core.results.serialise import load
+    from rpx_core.results.writer import WRITE_INTERVAL, ResultsFile
 
     path = tmp_path / "out.toml"
     results = ResultsFile(RunResult(Provenance("0.1.0", "3.11", "now", "0" * 16, {})), path)

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from rpx_core import units, views
 from rpx_core.api import load_results
 from rpx_core.commands.show import show_text
+from rpx_core.show import tables as views
+from rpx_core.show import units
 
 DATA = Path(__file__).parent / "data"
 RUN_A, BATCH = DATA / "run_a_results.toml", DATA / "batch_results.toml"

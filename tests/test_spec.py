@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rpx_core.errors import SpecError
-from rpx_core.spec import load_spec
+from rpx_core.spec.schema import load_spec
 from tests.conftest import REPO, rpx_cli
 
 REPO_SPECS = REPO / "specs"
@@ -101,8 +101,8 @@ def test_debug_shows_the_traceback(write_spec):
 
 @pytest.mark.parametrize("path", sorted(REPO_SPECS.glob("*.toml")), ids=lambda p: p.name)
 def test_every_shipped_spec_validates(path):
-    from rpx_core.plan import make_plan
-    from rpx_core.plugins import Plugins
+    from rpx_core.registry.manager import Plugins
+    from rpx_core.spec.plan import make_plan
 
     plan = make_plan(load_spec(path), Plugins.load(), where=str(path))
     assert plan.jobs

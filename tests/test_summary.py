@@ -6,9 +6,9 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from rpx_core.backends import MemoryPeak
-from rpx_core.results import StageRecord
-from rpx_core.summary import summarise
+from rpx_core.registry.backends import MemoryPeak
+from rpx_core.results.records import StageRecord
+from rpx_core.results.summary import summarise
 from rpx_plugins.stages import BUILTIN_STAGES
 
 DECLARED = {stage.name: stage for stage in BUILTIN_STAGES}

@@ -15,10 +15,10 @@ import attrs
 
 import rpx_core as rpx
 from rpx_core.convert import converter
-from rpx_core.limits import Execution
-from rpx_core.pipeline import WRITE_INTERVAL
-from rpx_core.results import load, write
-from rpx_core.scheduling import Environment, Resources, WorkItem
+from rpx_core.execution.executors import Environment, Resources, WorkItem
+from rpx_core.results.serialise import load, write
+from rpx_core.results.writer import WRITE_INTERVAL
+from rpx_core.spec.limits import Execution
 from rpx_plugins.executors.local import LocalExecutor, LocalOptions
 from tests.conftest import make_plugin_package, pip_install_target, rpx_cli
 

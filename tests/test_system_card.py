@@ -15,10 +15,10 @@ import pytest
 import tomli_w
 import torch
 
-from rpx_core.backends import Backend
 from rpx_core.convert import converter
-from rpx_core.results import to_data
-from rpx_core.spec import ModelSpec
+from rpx_core.registry.backends import Backend
+from rpx_core.results.records import to_data
+from rpx_core.spec.schema import ModelSpec
 from rpx_core.testing import make_context, run_stage
 from rpx_core.types.system_card import SystemCard
 from rpx_plugins import system_card

@@ -23,8 +23,8 @@ from rpx_core.api import run_spec
 from rpx_core.convert import converter
 from rpx_core.errors import SpecError
 from rpx_core.precision import UnknownPrecisionError
-from rpx_core.results import StageRecord
-from rpx_core.spec import InputSpec, ModelSpec, spec_from_dict
+from rpx_core.results.records import StageRecord
+from rpx_core.spec.schema import InputSpec, ModelSpec, spec_from_dict
 from rpx_core.types.counts import OTHERS, ROOT_MODULE, FlopsResult, TrafficResult, fold_largest
 from rpx_plugins.torch import zoo as model_zoo
 from rpx_plugins.torch.counter import (

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rpx_core import units
+from rpx_core.show import units
 
 
 @pytest.mark.parametrize("value, digits, expected", [

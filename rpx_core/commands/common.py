@@ -7,7 +7,7 @@ from typing import Any
 
 
 def load_plugins(args: argparse.Namespace, *, tolerant: bool = False):
-    from rpx_core.plugins import Plugins
+    from rpx_core.registry.manager import Plugins
 
     return Plugins.load([*args.disable, *getattr(args, "disable_after", [])], strict=args.strict_plugins,
                         tolerant=tolerant)

@@ -1,4 +1,4 @@
-"""``rpx compare A B [C ...]``: the same models across results files, with ratios and verdicts (rpx_core.compare)."""
+"""``rpx compare A B [C ...]``: the same models across results files, with ratios and verdicts (rpx_core.show.compare)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ def register(command: Any) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from rpx_core import render
     from rpx_core.commands.common import load_results as load
-    from rpx_core.compare import compare
     from rpx_core.errors import RpxError
+    from rpx_core.show import formats as render
+    from rpx_core.show.compare import compare
 
     if len(args.results) < 2:
         raise RpxError("rpx compare needs at least two results files")

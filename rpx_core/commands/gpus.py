@@ -27,7 +27,7 @@ def register(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
 
 def cmd_gpus(args: argparse.Namespace) -> int:
     from rpx_core.commands.common import load_plugins
-    from rpx_core.gpus import describe_gpu, gpu_rows
+    from rpx_core.registry.gpus import describe_gpu, gpu_rows
 
     catalog = load_plugins(args).gpu_catalog([Path(p) for p in args.pack])
     if args.name:

@@ -19,9 +19,9 @@ def register(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
 
 def cmd_init(args: argparse.Namespace) -> int:
     from rpx_core.errors import RpxError
-    from rpx_core.safe_write import atomic_write
-    from rpx_core.sources import parse_shape
-    from rpx_core.starter import relocate, render, spec_data
+    from rpx_core.registry.sources import parse_shape
+    from rpx_core.results.safe_write import atomic_write
+    from rpx_core.spec.starter import relocate, render, spec_data
 
     path = Path(args.output)
     if path.exists() and not args.force:

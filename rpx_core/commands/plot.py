@@ -1,4 +1,4 @@
-"""``rpx plot RESULTS -o FILE.png|svg [--kind roofline|batch]``: a chart of a results file (rpx_core.charts)."""
+"""``rpx plot RESULTS -o FILE.png|svg [--kind roofline|batch]``: a chart of a results file (rpx_core.show.charts)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ def register(command: Any) -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from rpx_core import charts
     from rpx_core.commands.common import load_results as load
     from rpx_core.errors import RpxError
+    from rpx_core.show import charts
 
     output = Path(args.output)
     if output.suffix.lower() not in (".png", ".svg"):

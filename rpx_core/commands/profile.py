@@ -31,12 +31,12 @@ def comma_list(text: str | None) -> tuple[str, ...]:
 def cmd_profile(args: argparse.Namespace) -> int:
     from rpx_core.api import run_spec
     from rpx_core.commands.common import load_plugins
-    from rpx_core.console import RunConsole, choose_mode, print_tables
     from rpx_core.exit_codes import ExitCode
-    from rpx_core.safe_write import atomic_write
-    from rpx_core.sources import parse_shape
-    from rpx_core.spec import spec_from_dict
-    from rpx_core.starter import relocate, render, spec_data
+    from rpx_core.registry.sources import parse_shape
+    from rpx_core.results.safe_write import atomic_write
+    from rpx_core.show.console import RunConsole, choose_mode, print_tables
+    from rpx_core.spec.schema import spec_from_dict
+    from rpx_core.spec.starter import relocate, render, spec_data
 
     stages = comma_list(args.stages) if args.stages is not None else None
     data = spec_data(args.model, parse_shape(args.input) if args.input else None, gpus=comma_list(args.gpus),

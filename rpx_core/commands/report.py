@@ -1,4 +1,4 @@
-"""``rpx report RESULTS [MORE ...] -o report.html``: one self-contained HTML file (rpx_core.report)."""
+"""``rpx report RESULTS [MORE ...] -o report.html``: one self-contained HTML file (rpx_core.show.report)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ def register(command: Any) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rpx_core import report
     from rpx_core.commands.common import load_results as load
     from rpx_core.errors import RpxError
-    from rpx_core.safe_write import atomic_write
+    from rpx_core.results.safe_write import atomic_write
+    from rpx_core.show import report
 
     output = Path(args.output)
     if output.suffix.lower() not in (".html", ".htm"):

@@ -8,7 +8,7 @@ from typing import Any
 
 from rpx_core.errors import RpxError
 
-#: Table names (rpx_core.views.BUILDERS, checked by a test): listed here so `rpx --help` imports no table code.
+#: Table names (rpx_core.show.tables.BUILDERS, checked by a test): listed here so `rpx --help` imports no table code.
 TABLES = ("tier1", "roofline", "latency", "throughput", "batch_search", "uncounted", "problems", "operators",
           "modules", "summary")
 
@@ -25,8 +25,9 @@ def register(command: Any) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from rpx_core import render, views
     from rpx_core.commands.common import load_results as load
+    from rpx_core.show import formats as render
+    from rpx_core.show import tables as views
 
     run = load(args.results)
     if args.format == "table":  # straight to the terminal, in colour when it is one
@@ -40,7 +41,8 @@ def show_text(run: Any, fmt: str, names: list[str] | None = None) -> str:
     """The run in ``fmt``; csv takes exactly one table (default: the flat summary fields)."""
     import io
 
-    from rpx_core import render, views
+    from rpx_core.show import formats as render
+    from rpx_core.show import tables as views
 
     if fmt == "csv":
         if names and len(names) > 1:

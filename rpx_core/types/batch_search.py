@@ -22,7 +22,7 @@ from typing import Callable, Literal, Sequence
 
 import attrs
 
-from rpx_core.backends import MemoryPeak
+from rpx_core.registry.backends import MemoryPeak
 
 Failure = Literal["oom", "over_budget"]
 #: Units of memory amounts: decimal (1 GB = 1e9 bytes) and binary (1 GiB = 2**30 bytes); case-insensitive.

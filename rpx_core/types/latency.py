@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import attrs
 
-from rpx_core.backends import MemoryPeak
-from rpx_core.limits import seconds_validator
+from rpx_core.registry.backends import MemoryPeak
+from rpx_core.spec.limits import seconds_validator
 
 _positive = attrs.validators.gt(0)
 _non_negative = attrs.validators.ge(0)

@@ -23,11 +23,17 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
-from rpx_core.backends import Backend, MemoryPeak, Timer
-from rpx_core.context import RunContext, StageContext
-from rpx_core.errors import RpxError, UnsupportedError
-from rpx_core.hookspecs import hookimpl
-from rpx_core.interrupts import with_partial
+from rpx_core.plugin import (
+    Backend,
+    MemoryPeak,
+    RpxError,
+    RunContext,
+    StageContext,
+    Timer,
+    UnsupportedError,
+    hookimpl,
+    with_partial,
+)
 from rpx_core.types.batch_search import (
     BatchSearchOptions,
     BatchSearchResult,

@@ -15,9 +15,7 @@ from typing import Any
 
 import attrs
 
-from rpx_core.hookspecs import hookimpl
-from rpx_core.interrupts import Interrupted, signal_of
-from rpx_core.scheduling import Environment, Executor, WorkItem, usable_cores
+from rpx_core.plugin import Environment, Executor, Interrupted, WorkItem, hookimpl, signal_of, usable_cores
 
 
 def _positive(_: Any, attribute: attrs.Attribute, value: int | None) -> None:

@@ -19,11 +19,18 @@ from typing import Any
 
 import attrs
 
-from rpx_core.errors import RpxError
-from rpx_core.hookspecs import hookimpl
-from rpx_core.interrupts import Interrupted, signal_of
-from rpx_core.scheduling import Environment, Executor, WorkItem, run_task_elsewhere
-from rpx_core.worker import Placed, failed_records
+from rpx_core.plugin import (
+    Environment,
+    Executor,
+    Interrupted,
+    Placed,
+    RpxError,
+    WorkItem,
+    failed_records,
+    hookimpl,
+    run_task_elsewhere,
+    signal_of,
+)
 
 
 def _non_negative(_: Any, attribute: attrs.Attribute, value: int | None) -> None:

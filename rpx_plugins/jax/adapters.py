@@ -1,4 +1,4 @@
-"""JAX models as users have them, recognised by type and turned into a :class:`JaxModel` (see rpx_core.adapters).
+"""JAX models as users have them, recognised by type and turned into a :class:`JaxModel` (see rpx_core.registry.adapters).
 
 Forms (checked in this order):
 
@@ -26,8 +26,7 @@ import sys
 from collections import Counter
 from typing import Any, Callable, Iterator
 
-from rpx_core.adapters import ModelAdapter
-from rpx_plugins.jax.model import BUFFER, TRAINABLE, JaxModel
+from rpx_core.plugin import BUFFER, TRAINABLE, JaxModel, ModelAdapter
 
 #: Counts module calls while a trace runs under ``recording_calls`` (None: not recording).
 _CALLS: contextvars.ContextVar[Counter | None] = contextvars.ContextVar("rpx_jax_module_calls", default=None)

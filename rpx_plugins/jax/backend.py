@@ -22,14 +22,25 @@ from typing import Any, Callable
 
 import attrs
 
-from rpx_core.backends import Availability, Backend, MemoryPeak, Timer, with_start
-from rpx_core.errors import BackendUnavailable, UnsupportedError
-from rpx_core.hookspecs import hookimpl
-from rpx_core.precision import PRECISIONS
-from rpx_core.spec import InputSpec, ModelSpec
+from rpx_core.plugin import (
+    BUFFER,
+    NON_TRAINABLE,
+    PRECISIONS,
+    TRAINABLE,
+    Availability,
+    Backend,
+    BackendUnavailable,
+    InputSpec,
+    JaxModel,
+    MemoryPeak,
+    ModelSpec,
+    Timer,
+    UnsupportedError,
+    hookimpl,
+    with_start,
+)
 from rpx_plugins.host_memory import HostPeakTracker, is_host_out_of_memory
 from rpx_plugins.jax.adapters import BUILTIN
-from rpx_plugins.jax.model import BUFFER, NON_TRAINABLE, TRAINABLE, JaxModel
 
 __all__ = ["JaxBackend", "JaxModel", "TRAINABLE", "NON_TRAINABLE", "BUFFER"]
 
@@ -70,7 +81,7 @@ class PlacedJaxModel:
 def as_jax_model(model: Any) -> JaxModel:
     """A JaxModel, or any form a built-in adapter recognises converted to one (ctx.build_model has already applied
     plugins' adapters); anything else is one line naming the accepted forms."""
-    from rpx_core.adapters import adapter_for
+    from rpx_core.plugin import adapter_for
 
     if isinstance(model, JaxModel):
         return model

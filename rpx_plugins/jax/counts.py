@@ -32,10 +32,16 @@ from typing import Any, Callable
 
 import attrs
 
-from rpx_core.context import StageContext
-from rpx_core.hookspecs import hookimpl
-from rpx_core.precision import BYTES_PER_ELEMENT
-from rpx_core.spec import InputSpec
+from rpx_core.plugin import (
+    BUFFER,
+    BYTES_PER_ELEMENT,
+    NON_TRAINABLE,
+    TRAINABLE,
+    InputSpec,
+    JaxModel,
+    StageContext,
+    hookimpl,
+)
 from rpx_core.types.counts import (
     BACKWARD_MODULE,
     OTHERS,
@@ -69,7 +75,6 @@ from rpx_plugins.jax.jaxpr import (
     size_at,
     walk,
 )
-from rpx_plugins.jax.model import BUFFER, NON_TRAINABLE, TRAINABLE, JaxModel
 
 #: counted_on of every jax count: abstract values (ShapeDtypeStruct), JAX's analogue of torch's meta device.
 COUNTED_ON = "abstract"

@@ -29,8 +29,7 @@ from typing import Any, Callable
 
 import attrs
 
-from rpx_core import cost_table
-from rpx_core.errors import UnsupportedError
+from rpx_core.plugin import UnsupportedError, cost_table
 from rpx_core.types.counts import BACKWARD_MODULE, ROOT_MODULE
 from rpx_plugins.jax.backend import is_floating
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rpx_plugins.jax.model import JaxModel
+from rpx_core.plugin import JaxModel
 
 NCHW = ("NCHW", "OIHW", "NCHW")  # images channels-first, kernels [out, in, h, w]
 

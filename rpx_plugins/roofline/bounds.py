@@ -12,8 +12,7 @@ from typing import NamedTuple, Protocol
 
 import attrs
 
-from rpx_core.gpus import GPUSpec, MissingPeakError
-from rpx_core.precision import check_precision
+from rpx_core.plugin import GPUSpec, MissingPeakError, check_precision
 from rpx_core.types.roofline import GPURoofline, OperatorTime, RooflineResult, SkippedRoofline
 
 _non_negative = attrs.validators.ge(0)

@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import attrs
 
-from rpx_core.context import StageContext
-from rpx_core.errors import UnsupportedError
-from rpx_core.gpus import GPUSpec
-from rpx_core.hookspecs import hookimpl
-from rpx_core.precision import BYTES_PER_ELEMENT
+from rpx_core.plugin import BYTES_PER_ELEMENT, GPUSpec, StageContext, UnsupportedError, hookimpl
 from rpx_core.types.roofline import RooflineResult
 from rpx_plugins.roofline.bounds import Workload, compute_roofline
 

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from rpx_core.hookspecs import hookimpl
-from rpx_core.sources import ModelSource
+from rpx_core.plugin import ModelSource, hookimpl
 from rpx_plugins.sources import hf, vision
 
 

@@ -16,9 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rpx_core.errors import RpxError, did_you_mean
-from rpx_core.sources import ModelSource, import_or_explain
-from rpx_core.spec import InputSpec
+from rpx_core.plugin import InputSpec, ModelSource, RpxError, did_you_mean, import_or_explain
 
 SCHEME = "hf"
 INSTALL = "pip install 'rpx[hf]' (transformers; weights are never downloaded, only the configuration is read)"

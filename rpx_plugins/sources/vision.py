@@ -10,9 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rpx_core.errors import RpxError
-from rpx_core.sources import ModelSource, import_or_explain
-from rpx_core.spec import InputSpec
+from rpx_core.plugin import InputSpec, ModelSource, RpxError, import_or_explain
 
 TORCHVISION_INSTALL = "pip install torchvision (the release built for your torch version)"
 TIMM_INSTALL = "pip install timm (it needs torchvision built for your torch version)"
@@ -32,7 +30,7 @@ def build_torchvision(target: str, config: Mapping[str, Any], **kwargs: Any) -> 
     torchvision = import_or_explain("torchvision", "torchvision", TORCHVISION_INSTALL)
     known = torchvision.models.list_models()
     if target not in known:
-        from rpx_core.errors import did_you_mean
+        from rpx_core.plugin import did_you_mean
 
         raise RpxError(f"torchvision:{target}: torchvision has no model {target!r}{did_you_mean(target, known)}")
     return torchvision.models.get_model(target, weights=None, **{**config, **kwargs})
@@ -41,7 +39,7 @@ def build_torchvision(target: str, config: Mapping[str, Any], **kwargs: Any) -> 
 def build_timm(target: str, config: Mapping[str, Any], **kwargs: Any) -> Any:
     timm = import_or_explain("timm", "timm", TIMM_INSTALL)
     if not timm.is_model(target):
-        from rpx_core.errors import did_you_mean
+        from rpx_core.plugin import did_you_mean
 
         raise RpxError(f"timm:{target}: timm has no model {target!r}{did_you_mean(target, timm.list_models())}")
     return timm.create_model(target, pretrained=False, **{**config, **kwargs})

@@ -8,11 +8,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from rpx_core.backends import Backend
-from rpx_core.errors import UnsupportedError
-from rpx_core.loading import load_callable
-from rpx_core.precision import PRECISIONS
-from rpx_core.spec import FLOAT_DTYPES, InputSpec, ModelSpec
+from rpx_core.plugin import FLOAT_DTYPES, PRECISIONS, Backend, InputSpec, ModelSpec, UnsupportedError, load_callable
 
 #: Storage dtype used to *execute* at each precision (rpx_core.precision). tf32 stores fp32 and only changes how
 #: matmuls compute.

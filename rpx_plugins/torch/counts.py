@@ -13,9 +13,7 @@ from typing import Any, Iterator
 
 import attrs
 
-from rpx_core.context import StageContext
-from rpx_core.errors import NotApplicable, UnsupportedError
-from rpx_core.hookspecs import hookimpl
+from rpx_core.plugin import NotApplicable, StageContext, UnsupportedError, hookimpl
 from rpx_core.types.counts import CountOptions, FlopsResult, ParamsResult, TrafficResult
 
 #: What building or running a model on meta can fail with (the counter's CountingError is a RuntimeError); any other
@@ -41,7 +39,7 @@ def element_sizes(precision: str) -> dict[Any, int] | None:
     """The stand-in dtype -> the precision's element size, for a precision counted with a stand-in; else None."""
     if precision not in STAND_INS:
         return None
-    from rpx_core.precision import BYTES_PER_ELEMENT
+    from rpx_core.plugin import BYTES_PER_ELEMENT
     from rpx_plugins.torch.backend import torch_dtype
 
     return {torch_dtype(STAND_INS[precision]): BYTES_PER_ELEMENT[precision]}

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from rpx_core.adapters import ModelAdapter
-from rpx_core.backends import Availability, Backend, MemoryPeak
-from rpx_core.hookspecs import hookimpl
+from rpx_core.plugin import Availability, Backend, MemoryPeak, ModelAdapter, hookimpl
 from rpx_plugins.host_memory import HostPeakTracker, is_host_out_of_memory
 from rpx_plugins.torch.backend import TorchBackend
 

@@ -16,9 +16,16 @@ from typing import Any, Callable, Iterator
 
 import attrs
 
-from rpx_core.backends import Availability, Backend, MemoryPeak, Timer, with_start
-from rpx_core.errors import BackendUnavailable, UnsupportedError
-from rpx_core.hookspecs import hookimpl
+from rpx_core.plugin import (
+    Availability,
+    Backend,
+    BackendUnavailable,
+    MemoryPeak,
+    Timer,
+    UnsupportedError,
+    hookimpl,
+    with_start,
+)
 from rpx_plugins.host_memory import raised_for
 from rpx_plugins.torch.backend import TorchBackend
 

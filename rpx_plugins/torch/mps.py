@@ -18,9 +18,7 @@ import os
 import threading
 from typing import Any
 
-from rpx_core.backends import Availability, Backend, MemoryPeak, Timer, with_start
-from rpx_core.errors import UnsupportedError
-from rpx_core.hookspecs import hookimpl
+from rpx_core.plugin import Availability, Backend, MemoryPeak, Timer, UnsupportedError, hookimpl, with_start
 from rpx_plugins.host_memory import SAMPLE_INTERVAL_S, MemorySampler, raised_for
 from rpx_plugins.torch.backend import TorchBackend
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import torch
 
-from rpx_core.precision import BYTES_PER_ELEMENT, check_precision
+from rpx_core.plugin import BYTES_PER_ELEMENT, check_precision
 from rpx_core.types.counts import ParamsResult
 
 

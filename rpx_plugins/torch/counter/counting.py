@@ -10,8 +10,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rpx_core.errors import UnsupportedError
-from rpx_core.op_formula import OpFormula
+from rpx_core.plugin import OpFormula, UnsupportedError
 from rpx_plugins.torch.counter.containers import tensors_within
 from rpx_plugins.torch.counter.fast_paths import CpuAttentionOnMeta
 from rpx_plugins.torch.counter.formulas import ATTENTION_BACKWARD_CONVENTIONS, ATTENTION_BACKWARD_WITH_RECOMPUTE

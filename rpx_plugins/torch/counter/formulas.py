@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from torch._ops import OpOverloadPacket
 
-from rpx_core import cost_table
+from rpx_core.plugin import cost_table
 from rpx_plugins.torch.counter.registry import Formula, OpCall, aten, formula, present
 
 SOFTMAX_FLOPS = cost_table.SOFTMAX

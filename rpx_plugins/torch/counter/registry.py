@@ -3,7 +3,7 @@
 A built-in formula is registered where it is defined, with ``@formula(aten.mm, aten.bmm)``: the key is the operator
 object itself, so a misspelled operator fails when rpx imports the counter, and a second formula for the same
 operator is refused (:class:`DuplicateFormulaError`), as torch's ``register_flop_formula`` does. Plugins add or
-override formulas through the ``rpx_register_op_formulas`` hook (:class:`rpx_core.op_formula.OpFormula`); theirs are
+override formulas through the ``rpx_register_op_formulas`` hook (:class:`rpx_core.registry.op_formula.OpFormula`); theirs are
 resolved when counting starts and asked first.
 """
 
@@ -17,8 +17,7 @@ from typing import Any, NamedTuple
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
-from rpx_core.errors import PluginError
-from rpx_core.op_formula import OpFormula
+from rpx_core.plugin import OpFormula, PluginError
 
 aten = torch.ops.aten
 

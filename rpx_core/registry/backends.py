@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import attrs
 
 if TYPE_CHECKING:
-    from rpx_core.spec import InputSpec, ModelSpec
+    from rpx_core.spec.schema import InputSpec, ModelSpec
 
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rpx_core import views
+from rpx_core.show import tables as views
 from rpx_core.version import __version__
 
 #: Tables of the report, per results file.
@@ -17,12 +17,12 @@ TABLES = (*views.DEFAULT, "operators", "modules", "summary")
 def render(runs: Sequence[tuple[str, Any]]) -> str:
     import jinja2
 
-    environment = jinja2.Environment(loader=jinja2.PackageLoader("rpx_core", "templates"),
+    environment = jinja2.Environment(loader=jinja2.PackageLoader("rpx_core.show", "templates"),
                                      autoescape=True, undefined=jinja2.StrictUndefined)
     files = [_file(label, run) for label, run in runs]
     comparison = None
     if len(runs) > 1:
-        from rpx_core.compare import compare
+        from rpx_core.show.compare import compare
 
         comparison = compare(runs)
     title = ", ".join(label for label, _ in runs)
@@ -45,8 +45,8 @@ def _file(label: str, run: Any) -> dict[str, Any]:
 
 def _charts(run: Any) -> tuple[list[dict[str, str]], list[str]]:
     """The run's charts as inline SVG; without matplotlib the report says so instead."""
-    from rpx_core import charts
     from rpx_core.errors import RpxError
+    from rpx_core.show import charts
 
     try:
         charts.pyplot()

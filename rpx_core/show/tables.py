@@ -1,7 +1,7 @@
 """A results file as tables people read: what ``rpx show`` prints, ``rpx report`` renders and ``rpx run`` ends with.
 
 Each table is data first (:class:`Table`: columns, rows of :class:`Cell` holding the raw figure and its text in human
-units, see :mod:`rpx_core.units`), so one builder serves the terminal, Markdown, CSV, JSON and HTML. Raw values keep
+units, see :mod:`rpx_core.show.units`), so one builder serves the terminal, Markdown, CSV, JSON and HTML. Raw values keep
 the results files' units (ms, bytes, FLOPs, samples/s), named in the column. Figures a stage could not produce are
 ``-`` (never zero); a measured figure whose samples were noisy or partial carries a mark, explained in the notes.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from rpx_core import units
+from rpx_core.show import units
 
 #: Marks appended to figures whose measurement is not clean, with what they mean (shown under the table).
 NOISY, PARTIAL = "~", "!"
@@ -162,7 +162,7 @@ def interval_text(latency: Any) -> str:
 
 def latency(run: Any) -> Table | None:
     """Measured per-call latency at batch 1, with its interval, spread, verdict and peak memory."""
-    from rpx_core.summary import timing_note
+    from rpx_core.results.summary import timing_note
 
     rows, clocks, warnings = [], {}, []
     for model in run.models:

@@ -1,8 +1,8 @@
 """Everything ``rpx validate`` (and ``rpx run``, before anything runs) can check without running a model, reported
 all at once: one ``file: key.path: problem`` line each.
 
-The spec's own structure and meaning (:func:`rpx_core.spec.structure_spec`), the plan (stages, options, backend,
-precision, GPUs: :func:`rpx_core.plan.plan_with_problems`), and here what needs the file system: model files exist,
+The spec's own structure and meaning (:func:`rpx_core.spec.schema.structure_spec`), the plan (stages, options, backend,
+precision, GPUs: :func:`rpx_core.spec.plan.plan_with_problems`), and here what needs the file system: model files exist,
 import paths resolve *without importing them* (rpx's own process never runs user code: the module is found on the
 import path and its source read for the name, never executed), devices have the backend's form, time limits fit in
 each other, and the output is writable and none of the run's inputs.
@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from rpx_core.errors import SpecError
-from rpx_core.safe_write import OutputError, check_target
+from rpx_core.results.safe_write import OutputError, check_target
 
 
 def validate(path: str | Path, plugins: Any, *, stages: tuple[str, ...] | None = None,
              output: Path | None = None, execution: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """Load the spec at ``path`` (``execution`` overriding keys of its ``[execution]`` table) and plan it; raise one
     SpecError listing every problem. Returns (spec, plan)."""
-    from rpx_core.plan import plan_with_problems
-    from rpx_core.spec import read_spec_data, structure_spec
+    from rpx_core.spec.plan import plan_with_problems
+    from rpx_core.spec.schema import read_spec_data, structure_spec
 
     path = Path(path)
     data = read_spec_data(path)
@@ -50,7 +50,7 @@ def validate(path: str | Path, plugins: Any, *, stages: tuple[str, ...] | None =
 def run_problems(spec: Any, plan: Any, plugins: Any, *, where: str, output: Path | None,
                  spec_path: str | None) -> list[str]:
     """Problems only the file system, the backend's device names and the limits together can show."""
-    from rpx_core import sources
+    from rpx_core.registry import sources
 
     problems: list[str] = []
     registry = plugins.model_sources(spec.choose)

@@ -3,13 +3,13 @@
 A plugin returns :class:`Executor` objects from ``rpx_register_executors``; ``[execution] executor`` (or
 ``rpx run --executor``) picks one by name. The pipeline hands the chosen executor every job of the run as a
 :class:`WorkItem` at once; the executor decides the order and the place, and reports each job's events through the
-item's ``report`` (from any thread: the pipeline serialises the calls and writes the results file as rpx_core.pipeline says).
+item's ``report`` (from any thread: the pipeline serialises the calls and writes the results file as rpx_core.results.writer says).
 Whatever goes wrong, every stage of every item must end up reported (failed with the reason, if nothing else), or the
 job is left unfinished and ``rpx run --resume`` runs it again.
 
 :class:`Environment` gives an executor what it needs to run a job: on this machine through rpx's own worker
 processes (:meth:`Environment.run_here`), or elsewhere with :func:`run_task_elsewhere` on the far side and
-:func:`rpx_core.worker.failed_records` for a job that could not run at all.
+:func:`rpx_core.execution.stage_loop.failed_records` for a job that could not run at all.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ class WorkItem:
     """One job of a run, as an executor receives it."""
 
     name: str  # the job's name in the results file
-    task: Any  # rpx_core.worker.Task, pure data: send it anywhere and run it with rpx_core.worker.execute
-    measured: bool  # a stage times the machine: run it alone (rpx_core.stages.Stage.measures)
+    task: Any  # rpx_core.execution.tasks.Task, pure data: send it anywhere and run it with rpx_core.execution.stage_loop.execute
+    measured: bool  # a stage times the machine: run it alone (rpx_core.registry.stages.Stage.measures)
     resources: Resources
     report: Callable[[Any], None]  # call with the task's events, in order: Placed (where it runs, optional), Started, Finished
 
@@ -46,10 +46,10 @@ class WorkItem:
 class Environment:
     """What the run gives its executor: the limits, the executor's structured options, and a way to run here."""
 
-    setup: Any  # rpx_core.worker.Setup: the plugin set, environment, import path and folder of this run (None: in-process)
-    limits: Any  # rpx_core.limits.Execution
+    setup: Any  # rpx_core.execution.tasks.Setup: the plugin set, environment, import path and folder of this run (None: in-process)
+    limits: Any  # rpx_core.spec.limits.Execution
     options: Any  # the executor's options object (its ``options`` class), or None
-    runner: Any  # runs one task on this machine: rpx_core.executor.WorkerExecutor or InProcessExecutor
+    runner: Any  # runs one task on this machine: rpx_core.execution.runners.WorkerRunner or InProcessRunner
 
     @property
     def in_process(self) -> bool:
@@ -80,13 +80,13 @@ class Executor:
     def run(self, items: Sequence[WorkItem], env: Environment) -> None:
         """Run every item, reporting each one's events through ``item.report``; return when all are reported.
 
-        On SIGINT/SIGTERM (KeyboardInterrupt or rpx_core.interrupts.Interrupted in the main thread) stop the jobs,
+        On SIGINT/SIGTERM (KeyboardInterrupt or rpx_core.execution.interrupts.Interrupted in the main thread) stop the jobs,
         let them report, and re-raise."""
         raise NotImplementedError
 
     def problems(self, jobs: Sequence[Any], options: Any) -> list[str]:
         """What makes the run impossible on this executor, found before anything runs (``key.path: problem`` lines);
-        e.g. a job (:class:`rpx_core.context.Job`) that targets a machine this executor cannot reach."""
+        e.g. a job (:class:`rpx_core.execution.context.Job`) that targets a machine this executor cannot reach."""
         return []
 
 
@@ -101,8 +101,8 @@ def run_task_elsewhere(setup: Any, limits: Any, task: Any, preload: tuple[str, .
     import importlib
     import sys
 
-    from rpx_core.executor import InProcessExecutor
-    from rpx_core.worker import load_plugins
+    from rpx_core.execution.runners import InProcessRunner
+    from rpx_core.execution.worker import load_plugins
 
     for path in setup.sys_path:
         if path not in sys.path and os.path.isdir(path):
@@ -114,7 +114,7 @@ def run_task_elsewhere(setup: Any, limits: Any, task: Any, preload: tuple[str, .
         importlib.import_module(module)
     plugins = load_plugins(setup)
     events: list[Any] = []
-    InProcessExecutor(plugins, limits).run(task, events.append)
+    InProcessRunner(plugins, limits).run(task, events.append)
     return events
 
 

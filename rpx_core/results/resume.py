@@ -21,7 +21,8 @@ from typing import Any
 import attrs
 
 from rpx_core.errors import RpxError
-from rpx_core.results import SUCCEEDED, ModelResult, RunResult, StageRecord, load
+from rpx_core.results.records import SUCCEEDED, ModelResult, RunResult, StageRecord
+from rpx_core.results.serialise import load
 
 FINAL = ("ok", "failed", "skipped")
 

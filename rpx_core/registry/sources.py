@@ -22,7 +22,7 @@ import attrs
 from rpx_core.errors import PluginError, RpxError, UnsupportedError
 
 if TYPE_CHECKING:
-    from rpx_core.spec import InputSpec, ModelSpec
+    from rpx_core.spec.schema import InputSpec, ModelSpec
 
 SCHEME = re.compile(r"[a-z][a-z0-9_-]*")
 
@@ -104,7 +104,7 @@ def source_of(source: str, registry: Any) -> tuple[ModelSource, str] | None:
 
 def problems(model: ModelSpec, registry: Any) -> list[str]:
     """What is wrong with a model's named source, as ``key: problem`` lines (empty for import paths, which
-    :func:`rpx_core.checks.import_path_problem` checks)."""
+    :func:`rpx_core.spec.checks.import_path_problem` checks)."""
     try:
         found = source_of(model.source, registry)
     except PluginError as exc:
@@ -162,7 +162,7 @@ def resolve_target(model: ModelSpec, base_dir: str, registry: Any) -> ModelSpec:
 def resolve_inputs(model: ModelSpec, registry: Any) -> ModelSpec:
     """``model`` with the inputs its ``input_shape`` stands for: its source's inputs for a named model, one floating
     tensor of that shape for an import path. A model that gives ``inputs`` or an ``input_factory`` is unchanged."""
-    from rpx_core.spec import InputSpec
+    from rpx_core.spec.schema import InputSpec
 
     if model.input_shape is None or model.inputs or model.input_factory:
         return model

@@ -4,9 +4,9 @@
 objects. A name two plugins register (a backend, a GPU, a stage) is an error only for a spec or command that uses the
 name, and the spec's ``[choose]`` table settles it.
 
-**Stage hooks** are not written here: every :class:`rpx_core.stages.Stage` a plugin declares (the built-in ones in
+**Stage hooks** are not written here: every :class:`rpx_core.registry.stages.Stage` a plugin declares (the built-in ones in
 ``rpx_plugins/stages.py``) gets the hook ``rpx_<stage name>(ctx)``. It receives a
-:class:`rpx_core.context.StageContext` (a RunContext for run-scoped stages) and *stops at the first non-None
+:class:`rpx_core.execution.context.StageContext` (a RunContext for run-scoped stages) and *stops at the first non-None
 result*: a plugin that handles only some backends returns None for the others (check ``ctx.backend.name``). Plugins
 are asked third-party first, in alphabetical order of their entry-point names, and built-ins last (they are
 ``trylast``); ``@hookimpl(tryfirst=True)`` asks a plugin before the others, ``trylast=True`` after them.
@@ -36,10 +36,10 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 if TYPE_CHECKING:
-    from rpx_core.backends import Backend
-    from rpx_core.op_formula import OpFormula
-    from rpx_core.sources import ModelSource
-    from rpx_core.stages import Stage
+    from rpx_core.registry.backends import Backend
+    from rpx_core.registry.op_formula import OpFormula
+    from rpx_core.registry.sources import ModelSource
+    from rpx_core.registry.stages import Stage
 
 
 # -- registration hooks ------------------------------------------------------------------------------------------------
@@ -105,7 +105,7 @@ def stage_hook_specs(stages: Iterable[Stage]) -> Any:
 @hookspec
 def rpx_register_op_formulas() -> list[OpFormula]:
     """Return FLOP/byte formulas for operators rpx's counter has none for (custom ops) or prices otherwise
-    (:class:`rpx_core.op_formula.OpFormula`: ``op``, ``macs``, ``flops``, optional ``bytes``, each a function of one
+    (:class:`rpx_core.registry.op_formula.OpFormula`: ``op``, ``macs``, ``flops``, optional ``bytes``, each a function of one
     call). Called on every plugin; results are collected and resolved when a torch count starts, so ``op`` may be a
     string naming an operator registered later (``"mylib::fused_gelu"``); one that does not resolve is an error
     naming the plugin. A plugin's formula takes precedence over the built-in one; for an operator two plugins price,

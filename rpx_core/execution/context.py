@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any, Callable
 import attrs
 
 from rpx_core.errors import UnsupportedError
+from rpx_core.execution.progress import ProgressReporter
 from rpx_core.precision import Precision, get_precision
-from rpx_core.progress import ProgressReporter
-from rpx_core.spec import ModelSpec
+from rpx_core.spec.schema import ModelSpec
 
 if TYPE_CHECKING:
-    from rpx_core.backends import Backend
-    from rpx_core.gpus import GPUCatalog
-    from rpx_core.plugins import Plugins
+    from rpx_core.registry.backends import Backend
+    from rpx_core.registry.gpus import GPUCatalog
+    from rpx_core.registry.manager import Plugins
 
 
 @attrs.frozen
@@ -37,7 +37,7 @@ class Job:
     gpus: tuple[str, ...]
     batch_sizes: tuple[int, ...]
     #: Where this job sits in a sweep: "model" and each swept axis (batch_size, seq_len, resolution, precision,
-    #: backend, machine) -> its value; empty outside a sweep (rpx_core.sweep).
+    #: backend, machine) -> its value; empty outside a sweep (rpx_core.spec.sweep).
     coordinates: dict[str, Any] = attrs.Factory(dict)
     machine: str | None = None  # the GPU model measured stages must run on (a sweep's machine axis); None: any
 
@@ -80,7 +80,7 @@ class StageContext:
             yield
         finally:
             self.setup[phase] = self.setup.get(phase, 0.0) + time.perf_counter() - started
-    choose: Any = None  # the spec's [choose] table (rpx_core.spec.Choices), for a model source two plugins register
+    choose: Any = None  # the spec's [choose] table (rpx_core.spec.schema.Choices), for a model source two plugins register
 
     @property
     def precision(self) -> Precision:
@@ -104,16 +104,16 @@ class StageContext:
 
     def model_factory(self) -> Callable[[], Any]:
         """A no-argument function building the job's model: through its model source for a named model
-        (``hf:...``), else the import path called with the model's kwargs (rpx_core.sources)."""
-        from rpx_core.sources import factory
+        (``hf:...``), else the import path called with the model's kwargs (rpx_core.registry.sources)."""
+        from rpx_core.registry.sources import factory
 
         registry = self.plugins.model_sources(self.choose) if self.plugins is not None else None
         return factory(self.job.model, registry)
 
     def adapt(self, model: Any) -> Any:
-        """The model as this backend runs it, through the registered model adapters (rpx_core.adapters); a context
+        """The model as this backend runs it, through the registered model adapters (rpx_core.registry.adapters); a context
         built without plugins (a test's) passes it on as it is."""
-        from rpx_core.adapters import adapt_model
+        from rpx_core.registry.adapters import adapt_model
 
         if self.plugins is None:
             return model

@@ -1,6 +1,6 @@
 """What ``rpx run`` shows while it runs: which model and stage, progress and time left, each stage's outcome.
 
-Four modes, one observer interface (``console(model, event)`` for every :mod:`rpx_core.worker` event):
+Four modes, one observer interface (``console(model, event)`` for every :mod:`rpx_core.execution.tasks` event):
 
 * ``live``: a terminal (stderr is a TTY): rich progress bars with elapsed and remaining time for long phases;
 * ``plain``: piped or redirected: one line when a stage starts and one when it ends, nothing redrawn;
@@ -17,9 +17,9 @@ import sys
 import time
 from typing import Any, Literal, TextIO
 
-from rpx_core import units
-from rpx_core.progress import Progress
-from rpx_core.worker import Finished, Started
+from rpx_core.execution.progress import Progress
+from rpx_core.execution.tasks import Finished, Started
+from rpx_core.show import units
 
 Mode = Literal["live", "plain", "jsonl", "quiet"]
 
@@ -145,7 +145,8 @@ class RunConsole:
 
 def print_tables(run: Any) -> None:
     """The tables a run ends with (``rpx show`` prints them all), on stdout: coloured on a terminal, plain when piped."""
-    from rpx_core import render, views
+    from rpx_core.show import formats as render
+    from rpx_core.show import tables as views
 
     render.terminal(views.tables(run, views.RUN_END), [], sys.stdout)
 

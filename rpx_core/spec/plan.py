@@ -10,16 +10,16 @@ from typing import Any
 
 import attrs
 
-from rpx_core.backends import Backend
-from rpx_core.context import Job
 from rpx_core.convert import structure
 from rpx_core.errors import PluginError, RpxError, SpecError, did_you_mean
-from rpx_core.gpus import GPUCatalog
-from rpx_core.plugins import Plugins, Registry, choose_one_of
-from rpx_core.sources import ModelSource, resolve_inputs, resolve_target
-from rpx_core.spec import ModelSpec, Spec
-from rpx_core.stages import Stage, resolve_order
-from rpx_core.sweep import expand, sweep_problems
+from rpx_core.execution.context import Job
+from rpx_core.registry.backends import Backend
+from rpx_core.registry.gpus import GPUCatalog
+from rpx_core.registry.manager import Plugins, Registry, choose_one_of
+from rpx_core.registry.sources import ModelSource, resolve_inputs, resolve_target
+from rpx_core.registry.stages import Stage, resolve_order
+from rpx_core.spec.schema import ModelSpec, Spec
+from rpx_core.spec.sweep import expand, sweep_problems
 
 
 @attrs.frozen

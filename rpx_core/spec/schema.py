@@ -18,9 +18,9 @@ import attrs
 
 from rpx_core.convert import converter, structure
 from rpx_core.errors import SpecError
-from rpx_core.limits import Execution
 from rpx_core.precision import PrecisionName
-from rpx_core.safe_write import path_safe
+from rpx_core.results.safe_write import path_safe
+from rpx_core.spec.limits import Execution
 
 SCHEMA_VERSION = 1
 DEFAULT_STAGES = ("count_params", "count_flops", "estimate_traffic", "system_card")
@@ -83,7 +83,7 @@ class ModelSpec:
         for spec_input in self.inputs:
             if spec_input.batch_dim is not None:
                 return override or spec_input.shape[spec_input.batch_dim]
-        if self.input_shape and not self.inputs:  # not yet resolved into inputs (rpx_core.sources.resolve_inputs)
+        if self.input_shape and not self.inputs:  # not yet resolved into inputs (rpx_core.registry.sources.resolve_inputs)
             return override or self.input_shape[0]
         return None
 
@@ -91,13 +91,13 @@ class ModelSpec:
     fan_out: float = 1.0
 
 
-#: A sweep's axes, in the order they appear in job names and coordinates (rpx_core.sweep).
+#: A sweep's axes, in the order they appear in job names and coordinates (rpx_core.spec.sweep).
 AXES = ("batch_size", "seq_len", "resolution", "precision", "backend", "machine")
 
 
 @attrs.frozen
 class Sweep:
-    """The ``[sweep]`` table (expanded by rpx_core.sweep). An axis left out takes the spec's own value; every axis
+    """The ``[sweep]`` table (expanded by rpx_core.spec.sweep). An axis left out takes the spec's own value; every axis
     given multiplies the jobs."""
 
     models: tuple[str, ...] = ()  # names of the [[models]] entries the sweep runs; default: every model
@@ -142,12 +142,12 @@ class Spec:
     options: dict[str, dict[str, Any]] = attrs.Factory(dict)  # per-stage options, checked against the stage's options
     choose: Choices = attrs.Factory(Choices)
     on_unavailable: Literal["error", "skip"] = "error"  # what to do when the backend is not available here
-    execution: Execution = attrs.Factory(Execution)  # worker processes and time limits (rpx_core.limits)
-    sweep: Sweep | None = None  # a matrix of jobs over models, shapes, precisions, backends, machines (rpx_core.sweep)
+    execution: Execution = attrs.Factory(Execution)  # worker processes and time limits (rpx_core.spec.limits)
+    sweep: Sweep | None = None  # a matrix of jobs over models, shapes, precisions, backends, machines (rpx_core.spec.sweep)
     schema: int = SCHEMA_VERSION
     base_dir: str = "."  # set by load_spec; not read from the file
     #: True when the spec names no backend (set by spec_from_dict, not read from the file): ``run_spec`` then infers
-    #: the backend from the first model (rpx_core.adapters), falling back to ``backend``'s default.
+    #: the backend from the first model (rpx_core.registry.adapters), falling back to ``backend``'s default.
     backend_inferred: bool = False
 
     def output_path(self) -> Path:

@@ -21,8 +21,8 @@ from typing import Any
 
 import attrs
 
-from rpx_core import units
-from rpx_core.views import Cell, Table, ok_result
+from rpx_core.show import units
+from rpx_core.show.tables import Cell, Table, ok_result
 
 #: The smallest noise band for throughput (no interval is measured for it).
 THROUGHPUT_BAND = 0.05

@@ -1,4 +1,4 @@
-"""Tables (:mod:`rpx_core.views`) written out: a terminal (rich), Markdown for papers, CSV for spreadsheets, JSON for
+"""Tables (:mod:`rpx_core.show.tables`) written out: a terminal (rich), Markdown for papers, CSV for spreadsheets, JSON for
 scripts. Text formats show the human-unit text; CSV and JSON carry the raw figures in the columns' units."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from rpx_core.views import Table
+from rpx_core.show.tables import Table
 
 #: The line width for a file or a pipe: wide enough that no cell or note is ever wrapped (lines keep their own length).
 UNWRAPPED = 1000

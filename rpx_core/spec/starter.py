@@ -16,7 +16,7 @@ from typing import Any
 import tomli_w
 
 from rpx_core.errors import RpxError
-from rpx_core.spec import DEFAULT_STAGES
+from rpx_core.spec.schema import DEFAULT_STAGES
 
 DEFAULT_MODEL = "rpx_plugins.torch.zoo:tiny_cnn"
 #: Functions a model file's build function is looked for under, in order, when the file names none.

@@ -1,70 +1,51 @@
 """Runners: how a task's stages run on this machine, and what happens when user code crashes, hangs, exits or is
 interrupted.
 
-A runner has one method, ``run(task, report)``: run the :class:`rpx_core.worker.Task` (pure data) and call
-``report`` with each :class:`~rpx_core.worker.Started` / :class:`~rpx_core.worker.Finished` event, in rpx's own
-process, in order. Whatever happens to the code it runs, every stage of the task ends up reported: a stage the worker
-died in is failed with the exit code or signal and the tail of the worker's stderr, a stage past its time limit is
-failed as timed out, and the stages after it are skipped with the reason. On SIGINT/SIGTERM the running stage is
-reported as interrupted and ``run`` raises :class:`rpx_core.interrupts.Interrupted`.
+A runner has one method, ``run(task, report)``: run the :class:`rpx_core.execution.tasks.Task` (pure data) and call
+``report`` with each :class:`~rpx_core.execution.tasks.Started` / :class:`~rpx_core.execution.tasks.Finished` event, in rpx's
+own process, in order. Whatever happens to the code it runs, every stage of the task ends up reported: a stage the
+worker died in is failed with the exit code or signal and the tail of the worker's stderr, a stage past its time limit
+is failed as timed out, and the stages after it are skipped with the reason. On SIGINT/SIGTERM the running stage is
+reported as interrupted and ``run`` raises :class:`rpx_core.execution.interrupts.Interrupted`.
 
-* :class:`WorkerExecutor` (the default): tasks in worker processes forked from a zygote that imported the
-  framework once (a measured task in a fresh one of its own; others may follow each other in one); rpx's own
-  process never runs user code. Time limits are hard (the worker's process group is killed).
-* :class:`InProcessExecutor`: everything in this process (debuggers; live model objects from the Python API). Time
+* :class:`WorkerRunner` (the default): tasks in worker processes forked from the zygote (:mod:`rpx_core.execution.zygote`;
+  a measured task in a fresh one of its own; others may follow each other in one); rpx's own process never runs user
+  code. Time limits are hard (the worker's process group is killed).
+* :class:`InProcessRunner`: everything in this process (debuggers; live model objects from the Python API). Time
   limits interrupt Python code through SIGALRM (main thread only); a crash in user code ends rpx.
 
-Which task runs when, and on which machine, is for the executors of :mod:`rpx_core.scheduling` (plugins) to decide;
-they run a task here through one of these runners, or elsewhere with :func:`rpx_core.scheduling.run_task_elsewhere`.
-"""
+Which task runs when, and on which machine, is for the executors of :mod:`rpx_core.execution.executors` (plugins) to
+decide; they run a task here through one of these runners, or elsewhere with
+:func:`rpx_core.execution.executors.run_task_elsewhere`."""
 
 from __future__ import annotations
 
-import atexit
-import collections
 import contextlib
-import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from rpx_core.interrupts import Interrupted, signal_of
-from rpx_core.limits import Deadline, Execution
-from rpx_core.progress import Progress
-from rpx_core.results import StageRecord
-from rpx_core.worker import (
-    Finished,
-    Report,
-    Setup,
-    StageTimeout,
-    Started,
-    Task,
-    execute,
-    failed_records,
-    plugin_identity,
-)
-
-#: How much of a dead worker's stderr is kept in its stage record.
-STDERR_TAIL_CHARS = 4000
+from rpx_core.execution.interrupts import Interrupted, signal_of
+from rpx_core.execution.progress import Progress
+from rpx_core.execution.stage_loop import execute, failed_records
+from rpx_core.execution.tasks import Finished, Report, Setup, StageTimeout, Started, Task
+from rpx_core.execution.worker import plugin_identity
+from rpx_core.execution.zygote import _DEAD, _TIMEOUT, Worker, Zygote
+from rpx_core.results.records import StageRecord
+from rpx_core.spec.limits import Deadline, Execution
 
 
 class Runner(Protocol):
-    """Runs one task on this machine (the executors of rpx_core.scheduling decide which task runs when)."""
+    """Runs one task on this machine (the executors of rpx_core.execution.executors decide which task runs when)."""
 
     def run(self, task: Task, report: Report) -> None: ...
 
 
-# -- in this process ---------------------------------------------------------------------------------------------------
-
-
-class InProcessExecutor:
+class InProcessRunner:
     """Runs tasks in rpx's own process, with the caller's plugin objects and live models."""
 
     def __init__(self, plugins: Any, limits: Execution, model_objects: dict[str, Any] | None = None) -> None:
@@ -107,9 +88,6 @@ def timeout_message(stage: str, which: str, seconds: float | None) -> str:
     return f"timed out: stage {stage!r} ran past the {which}{limit} and was stopped"
 
 
-# -- in worker processes -----------------------------------------------------------------------------------------------
-
-
 def setup_for(plugins: Any) -> Setup:
     """What a worker needs to load the same plugins in the same environment as this process."""
     runtime = [info.name for info in plugins.infos() if info.distribution == "<runtime>" and info.status == "loaded"]
@@ -122,7 +100,7 @@ def setup_for(plugins: Any) -> Setup:
     return Setup(disabled, plugin_identity(plugins), dict(os.environ), tuple(sys.path), os.getcwd())
 
 
-class WorkerExecutor:
+class WorkerRunner:
     """Tasks in worker processes; the limits are enforced here, from outside the worker.
 
     A measured task gets a fresh worker of its own, ended after it. A task that only counts and bounds takes an
@@ -273,141 +251,3 @@ class _Supervisor:
         if self.stage is not None:
             self.report(Finished(self.stage, StageRecord("interrupted", error=f"interrupted by "
                                                          f"{signal.Signals(signum).name}")))
-
-
-_TIMEOUT, _DEAD = object(), object()
-
-
-class Worker:
-    """One forked worker as seen from rpx: its job channel, its process group, its stderr (forwarded and kept)."""
-
-    def __init__(self, zygote: Zygote, pid: int, connection: Connection, stderr_fd: int) -> None:
-        self.zygote, self.pid, self.connection = zygote, pid, connection
-        self._tail: collections.deque[str] = collections.deque()
-        self._tail_chars = 0
-        self._tail_lock = threading.Lock()  # the reader thread appends while begin_task may clear
-        self._exitcode: int | None = None
-        self._reader = threading.Thread(target=self._forward, args=(stderr_fd,), daemon=True, name=f"rpx-stderr-{pid}")
-        self._reader.start()
-
-    def begin_task(self) -> None:
-        """A new task starts in this worker: its stderr tail starts afresh."""
-        with self._tail_lock:
-            self._tail.clear()
-            self._tail_chars = 0
-
-    def next_event(self, timeout: float) -> Any:
-        """The next event, ``None`` when the task is done, ``_TIMEOUT`` or ``_DEAD``."""
-        try:
-            if not self.connection.poll(None if timeout == float("inf") else timeout):
-                return _TIMEOUT
-            return self.connection.recv()
-        except (EOFError, OSError):
-            return _DEAD
-
-    def signal(self, signum: int) -> None:
-        try:
-            os.killpg(self.pid, signum)
-        except OSError:
-            pass
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-
-    def wait(self) -> int:
-        if self._exitcode is None:
-            self._exitcode = self.zygote.wait(self.pid)
-        return self._exitcode
-
-    def stderr_tail(self) -> str:
-        self._reader.join(timeout=2.0)
-        with self._tail_lock:
-            return "".join(self._tail)[-STDERR_TAIL_CHARS:]
-
-    def close(self) -> None:
-        self.kill()
-        self.wait()
-        self.connection.close()
-        self._reader.join(timeout=2.0)
-
-    def _forward(self, fd: int) -> None:
-        """Copy the worker's output to our stderr as it comes, keeping the last few thousand characters."""
-        with os.fdopen(fd, "rb", buffering=0) as pipe:
-            while chunk := pipe.read(65536):
-                text = chunk.decode(errors="replace")
-                try:
-                    sys.stderr.write(text)
-                    sys.stderr.flush()
-                except (OSError, ValueError):
-                    pass
-                with self._tail_lock:
-                    self._tail.append(text)
-                    self._tail_chars += len(text)
-                    while len(self._tail) > 1 and self._tail_chars - len(self._tail[0]) > STDERR_TAIL_CHARS:
-                        self._tail_chars -= len(self._tail.popleft())
-
-
-class Zygote:
-    """A fresh interpreter running :func:`rpx_core.worker.main`, started once per rpx process and reused: it forks
-    the workers. (Not multiprocessing's forkserver: that re-imports the caller's ``__main__`` script in every worker.)"""
-
-    _shared: Zygote | None = None
-    _lock = threading.Lock()
-
-    def __init__(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        command = [sys.executable, "-c", "from rpx_core.worker import main; main()", str(theirs.fileno())]
-        self.process = subprocess.Popen(command,
-                                        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=dict(os.environ))
-        theirs.close()
-        self.control = ours
-
-    @classmethod
-    def shared(cls) -> Zygote:
-        with cls._lock:
-            if cls._shared is None or cls._shared.process.poll() is not None:
-                cls._shared = cls()
-                atexit.register(cls._shared.close)
-            return cls._shared
-
-    def start(self, preload: tuple[str, ...], disabled: tuple[str, ...] = ()) -> Worker:
-        """Fork a worker, importing ``preload`` and loading the plugin set without ``disabled`` in the zygote first
-        (once), so the worker inherits both."""
-        ours, theirs = socket.socketpair()
-        stderr_read, stderr_write = os.pipe()
-        request = {"op": "fork", "preload": list(preload), "disabled": list(disabled)}
-        try:
-            with self._lock:
-                socket.send_fds(self.control, [json.dumps(request).encode()],
-                                [theirs.fileno(), stderr_write])
-                pid = json.loads(self._reply())["pid"]
-        except BaseException:  # interrupted mid-request: its reply would confuse the next one, so start afresh
-            self.close()
-            ours.close()
-            os.close(stderr_read)
-            raise
-        finally:
-            theirs.close()
-            os.close(stderr_write)
-        return Worker(self, pid, Connection(ours.detach()), stderr_read)
-
-    def wait(self, pid: int) -> int:
-        with self._lock:
-            self.control.send(json.dumps({"op": "wait", "pid": pid}).encode())
-            return json.loads(self._reply())["exitcode"]
-
-    def _reply(self) -> bytes:
-        reply = self.control.recv(65536)
-        if not reply:
-            raise RuntimeError(f"the rpx worker zygote (process {self.process.pid}) exited with code {self.process.poll()}")
-        return reply
-
-    def close(self) -> None:
-        """End the zygote (it kills any worker still running); the next run starts a new one."""
-        self.control.close()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-        if Zygote._shared is self:
-            Zygote._shared = None

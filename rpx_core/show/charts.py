@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rpx_core.errors import RpxError
-from rpx_core.views import ok_result
+from rpx_core.show.tables import ok_result
 
 KINDS = ("roofline", "batch")
 COLOURS = {"compute": "tab:blue", "memory": "tab:orange"}

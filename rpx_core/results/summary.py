@@ -1,5 +1,5 @@
 """A model's flat, table-friendly summary fields (each stage declares its own), and the note a latency result
-that is not stable gets on the console (rpx_core.views).
+that is not stable gets on the console (rpx_core.show.tables).
 
 The fields and their definitions are declared with the stages (``Stage.summary``; the built-in ones are listed in
 ``rpx_plugins/stages.py``); absent figures are left out, never zero.

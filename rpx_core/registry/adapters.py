@@ -4,7 +4,9 @@ TrainState, ...) becomes the object a backend runs, and which backend that is wh
 An adapter is a registration object returned by a plugin's ``rpx_register_model_adapters`` hook. It names the
 framework it feeds (a backend's ``framework``), recognises objects by type (``accepts``, which must be cheap and must
 not import a library the object cannot come from) and converts them (``adapt``). The built-in JAX adapters live in
-:mod:`rpx_plugins.jax.adapters`; a plugin for another JAX library registers its own the same way.
+:mod:`rpx_plugins.jax.adapters`; a plugin for another JAX library registers its own the same way, converting to
+:class:`JaxModel`, the one form every JAX model takes inside rpx (defined here, importing no jax, so that adapters
+anywhere can build it).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import attrs
 from rpx_core.errors import UnsupportedError
 
 if TYPE_CHECKING:
-    from rpx_core.backends import Backend
+    from rpx_core.registry.backends import Backend
 
 
 @attrs.frozen
@@ -70,3 +72,38 @@ def infer_backend(model: Any, adapters: list[ModelAdapter], backends: Mapping[st
     if not fitting:
         raise UnsupportedError(f"{what} is a {adapter.form} model, but no backend runs {adapter.framework!r} models")
     return (available or fitting)[0]
+
+# -- the form JAX adapters convert to ---------------------------------------------------------------------------------
+
+#: The role of each params leaf, reported as torch reports parameters and buffers.
+TRAINABLE, NON_TRAINABLE, BUFFER = "trainable", "non_trainable", "buffer"
+
+
+@attrs.frozen
+class JaxModel:
+    """A JAX model: ``apply(params, *inputs, **named_inputs)`` and its ``params`` pytree.
+
+    ``roles``: one of TRAINABLE, NON_TRAINABLE, BUFFER per leaf of ``params`` (``jax.tree.leaves`` order); None
+    makes every leaf trainable. ``optimizer``: ``(params, grads) -> new params``, counted after the gradient when
+    ``backward = true`` (grads has ``params``' structure, None at leaves that are not trainable). ``root_scope`` and
+    ``ignored_scopes``: the name-stack component naming the model itself and prefixes of components that are not
+    module names, dropped from module paths. ``form`` names the form the user gave, for messages.
+    """
+
+    apply: Callable[..., Any]
+    params: Any
+    roles: tuple[str, ...] | None = None
+    optimizer: Callable[[Any, Any], Any] | None = None
+    root_scope: str | None = None
+    ignored_scopes: tuple[str, ...] = ()
+    form: str = "JaxModel(apply, params)"
+
+    def leaf_roles(self) -> list[str]:
+        import jax
+
+        count = len(jax.tree.leaves(self.params))
+        if self.roles is None:
+            return [TRAINABLE] * count
+        if len(self.roles) != count:
+            raise UnsupportedError(f"{self.form}: {len(self.roles)} roles for {count} params leaves")
+        return list(self.roles)

@@ -29,19 +29,19 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import attrs
 import pluggy
 
-from rpx_core import hookspecs
 from rpx_core.errors import BackendUnavailable, PluginError, RpxError, did_you_mean
-from rpx_core.results import PluginInfo
+from rpx_core.registry import hookspecs
+from rpx_core.results.records import PluginInfo
 from rpx_core.version import __version__
 
 if TYPE_CHECKING:
-    from rpx_core.adapters import ModelAdapter
-    from rpx_core.backends import Backend
-    from rpx_core.gpus import GPUCatalog
-    from rpx_core.op_formula import OpFormula
-    from rpx_core.sources import ModelSource
-    from rpx_core.spec import Choices
-    from rpx_core.stages import Stage
+    from rpx_core.registry.adapters import ModelAdapter
+    from rpx_core.registry.backends import Backend
+    from rpx_core.registry.gpus import GPUCatalog
+    from rpx_core.registry.op_formula import OpFormula
+    from rpx_core.registry.sources import ModelSource
+    from rpx_core.registry.stages import Stage
+    from rpx_core.spec.schema import Choices
 
 ENTRY_POINT_GROUP = "rpx"
 DISABLE_ENV = "RPX_DISABLE_PLUGINS"  # comma-separated plugin names
@@ -365,7 +365,7 @@ class Plugins:
         return self._collect("rpx_register_model_sources", lambda s: s.scheme, "source", choose.sources if choose else {})
 
     def executors(self) -> Registry[Any]:
-        """Every registered executor (rpx_core.scheduling.Executor) by name; ``[execution] executor`` picks one."""
+        """Every registered executor (rpx_core.execution.executors.Executor) by name; ``[execution] executor`` picks one."""
         return self._collect("rpx_register_executors", lambda e: e.name, "executor", {})
 
     def stages(self, choose: Choices | None = None) -> Registry[Stage]:
@@ -373,7 +373,7 @@ class Plugins:
 
     def gpu_catalog(self, extra_packs: Iterable[Path] = (), choose: Choices | None = None) -> GPUCatalog:
         """Every GPU from plugin packs, the user's pack files and ``RPX_GPU_PACKS``; clashing names need ``[choose.gpus]``."""
-        from rpx_core.gpus import GPUCatalog, load_pack
+        from rpx_core.registry.gpus import GPUCatalog, load_pack
 
         packs = []
         for impl in _implementations(self._pm.hook.rpx_register_gpu_packs):
@@ -390,7 +390,7 @@ class Plugins:
     def op_formulas(self) -> list[OpFormula]:
         """Every plugin's operator formulas (``rpx_register_op_formulas``), in plugin call order, each marked with the
         plugin that registered it; a formula built wrongly, or anything but an OpFormula, is an error naming the plugin."""
-        from rpx_core.op_formula import OpFormula
+        from rpx_core.registry.op_formula import OpFormula
 
         found = []
         for impl in _implementations(self._pm.hook.rpx_register_op_formulas):
@@ -401,7 +401,7 @@ class Plugins:
             for item in items:
                 if not isinstance(item, OpFormula):
                     raise PluginError(f"plugin {impl.plugin_name!r}: rpx_register_op_formulas returned "
-                                      f"{type(item).__name__}, not rpx_core.op_formula.OpFormula")
+                                      f"{type(item).__name__}, not rpx_core.registry.op_formula.OpFormula")
                 found.append(attrs.evolve(item, plugin=impl.plugin_name))
         return found
 

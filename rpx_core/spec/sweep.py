@@ -1,4 +1,4 @@
-"""A sweep: the spec's ``[sweep]`` table (:class:`rpx_core.spec.Sweep`), a matrix over models, input shapes, precisions, backends and target machines,
+"""A sweep: the spec's ``[sweep]`` table (:class:`rpx_core.spec.schema.Sweep`), a matrix over models, input shapes, precisions, backends and target machines,
 expanded into one job per point.
 
 Each point becomes a job of its own, named from its coordinates (``llama[seq_len=512,precision=bf16]``), so the name
@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from rpx_core.spec import AXES, FLOAT_DTYPES, InputSpec, ModelSpec, Sweep
+from rpx_core.spec.schema import AXES, FLOAT_DTYPES, InputSpec, ModelSpec, Sweep
 
 
 @attrs.frozen

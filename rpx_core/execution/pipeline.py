@@ -1,169 +1,48 @@
-"""Running a plan: each model through its stages in order, failures recorded, dependants skipped, results kept.
+"""Running a plan: every job handed to the executor, each model through its stages in order, failures recorded,
+dependants skipped, results kept.
 
-The results file is rewritten atomically as results arrive, so a crash, an interrupt or a failing later stage never
-loses what was already measured: at once after a measured stage, a failure, an interruption or a job placed on a
-node, and before a measured stage starts; results that only count and bound (cheap to compute again) at most
-WRITE_INTERVAL seconds after they arrive, together (a timer writes them if nothing else does), so a sweep of many
-small jobs does not rewrite a growing file after each of its stages. A SIGKILL of rpx loses at most that window of
-Tier 1/2 results, which ``--resume`` computes again. Each rewrite serialises only the models that changed since the
-last one (rpx_core.results.ModelCache). Stage code never sees another model's objects: each job gets its own context
-(in a worker process by default, see rpx_core.executor), released after it. This process only plans, supervises and
-writes.
-"""
+This process only plans, supervises and writes: stage code never sees another model's objects, each job gets its own
+context (in a worker process by default, see rpx_core.execution.runners), released after it; the results file is kept as
+rpx_core.results.writer says."""
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import platform
 import shlex
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal
 
 import attrs
 
-from rpx_core.checks import run_inputs
-from rpx_core.context import Job
 from rpx_core.convert import structure
 from rpx_core.errors import BackendUnavailable, RpxError, SpecError
-from rpx_core.executor import InProcessExecutor, Runner, WorkerExecutor, setup_for
-from rpx_core.interrupts import signals_raise
-from rpx_core.limits import Execution
-from rpx_core.plan import Plan
-from rpx_core.plugins import Plugins
-from rpx_core.progress import Progress
-from rpx_core.results import ModelCache, ModelResult, Provenance, RunResult, StageRecord, write
-from rpx_core.resume import Resumed, resume_from
-from rpx_core.safe_write import OutputError, OutputLock
-from rpx_core.scheduling import Environment, Executor, Resources, WorkItem
-from rpx_core.summary import summarise
+from rpx_core.execution.context import Job
+from rpx_core.execution.executors import Environment, Executor, Resources, WorkItem
+from rpx_core.execution.interrupts import signals_raise
+from rpx_core.execution.progress import Progress
+from rpx_core.execution.runners import InProcessRunner, Runner, WorkerRunner, setup_for
+from rpx_core.execution.stage_loop import run_stage
+from rpx_core.execution.tasks import Finished, Placed, Started, Task
+from rpx_core.execution.worker import plugin_identity
+from rpx_core.registry.manager import Plugins
+from rpx_core.results.records import ModelResult, Provenance, RunResult, StageRecord
+from rpx_core.results.resume import Resumed, resume_from
+from rpx_core.results.safe_write import OutputError, OutputLock
+from rpx_core.results.summary import summarise
+from rpx_core.results.writer import ResultsFile, now
+from rpx_core.spec.checks import run_inputs
+from rpx_core.spec.limits import Execution
+from rpx_core.spec.plan import Plan
 from rpx_core.version import __version__
-from rpx_core.worker import Finished, Placed, Started, Task, plugin_identity, run_stage
 
 Listener = Callable[[str, str, StageRecord], None]  # (model or "<run>", stage, record) after each stage
+
+
 #: (model or "<run>", event): every event of every stage as it happens (start, progress, end), for live displays.
 Observer = Callable[[str, Started | Finished | Progress], None]
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-#: Seconds between two writes of results that only count and bound (see the module docstring).
-WRITE_INTERVAL = 0.5
-
-Save = Literal["now", "due", "later"]
-
-
-class ResultsFile:
-    """The run's results, rewritten atomically when something new is known (see the module docstring for when),
-    never over an input of the run. Results held back ("due") are written from a timer thread, WRITE_INTERVAL after
-    the last write, even if nothing else arrives (a long job after a quick one), and never by the thread that
-    reported them: an executor's threads go on following their workers while the file is written (serialising a
-    sweep's file takes tens of milliseconds). An error of such a write is raised by the next update or write."""
-
-    def __init__(self, run: RunResult, path: Path | None, fmt: Literal["toml", "json"] | None = None,
-                 protected: tuple[Path, ...] = (), order: tuple[str, ...] = ()) -> None:
-        self.run = run
-        self.path = path
-        self.fmt = fmt
-        self.protected = protected
-        self.order = order  # job names in the plan's order
-        self.unsaved = False
-        self.saved_at = float("-inf")
-        self._cache = ModelCache()  # used by one write at a time
-        self._lock = threading.RLock()  # the state above, between executor threads and the timer thread; held briefly
-        self._write_lock = threading.RLock()  # one write at a time, each of a newer state; taken before _lock
-        self._timer: threading.Timer | None = None
-        self._failed: OutputError | None = None  # the timer's write failed
-
-    def update(self, *, save: Save = "now", **changes: Any) -> None:
-        """Apply ``changes``; write now, at most WRITE_INTERVAL after the last write ("due"), or with the next
-        write ("later")."""
-        with self._lock:
-            self._change(save, **changes)
-        if save == "now":
-            self.flush()
-
-    def put_model(self, model: ModelResult, *, save: Save = "now") -> None:
-        """Add or replace ``model``; a new one goes in the plan's order (``order``), whichever job reports first."""
-        with self._lock:
-            models = list(self.run.models)
-            index = next((i for i, m in enumerate(models) if m.name == model.name), None)
-            if index is not None:
-                models[index] = model
-            else:
-                rank = {name: position for position, name in enumerate(self.order)}
-                after = rank.get(model.name, len(rank))
-                models.insert(next((i for i, m in enumerate(models) if rank.get(m.name, len(rank)) > after),
-                                   len(models)), model)
-            self._change(save, models=tuple(models))
-        if save == "now":
-            self.flush()
-
-    def flush(self) -> None:
-        """Write what is not written yet (after any write under way, which may have written it)."""
-        with self._write_lock:
-            with self._lock:
-                self._raise_failed()
-                if self.path is None or not self.unsaved:
-                    return
-                run, self.unsaved = self.run, False
-            try:
-                write(run, self.path, self.fmt, self.protected, self._cache)
-            except BaseException as exc:
-                with self._lock:
-                    self.unsaved = True
-                if isinstance(exc, OSError) and not isinstance(exc, OutputError):
-                    raise OutputError(f"cannot write results to {self.path}: {exc.strerror or exc}") from None
-                raise
-            with self._lock:
-                self.saved_at = time.monotonic()
-
-    def close(self) -> None:
-        """Stop the timer (the run wrote, or tried to write, what it has on its way out)."""
-        with self._lock:
-            timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
-            timer.join()
-
-    def _change(self, save: Save, **changes: Any) -> None:
-        self._raise_failed()
-        self.run = attrs.evolve(self.run, **changes)
-        self.unsaved = True
-        if save == "due" and self._timer is None and self.path is not None:
-            self._hold(max(0.0, WRITE_INTERVAL - (time.monotonic() - self.saved_at)))
-
-    def _raise_failed(self) -> None:
-        if self._failed is not None:
-            failed, self._failed = self._failed, None
-            raise failed
-
-    def _hold(self, seconds: float) -> None:
-        """Write in ``seconds`` (from a timer thread) what is not written by then."""
-        self._timer = threading.Timer(seconds, self._flush_held)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _flush_held(self) -> None:
-        with self._write_lock:
-            with self._lock:
-                if self._timer is not threading.current_thread():
-                    return  # closed meanwhile
-                self._timer = None
-                wait = WRITE_INTERVAL - (time.monotonic() - self.saved_at)
-                if self.unsaved and wait > 0:  # written meanwhile: the window starts again from that write
-                    self._hold(wait)
-                    return
-            try:
-                self.flush()
-            except OutputError as exc:
-                with self._lock:
-                    self._failed = exc
 
 
 def run_plan(
@@ -182,9 +61,9 @@ def run_plan(
     """Run every job of ``plan``; return (and keep writing to ``output``) the results.
 
     Each job runs through the executor ``execution`` selects (worker processes by default, see
-    rpx_core.executor); SIGINT and SIGTERM record the running stage as interrupted and raise
-    :class:`rpx_core.interrupts.Interrupted`. With ``resume``, what ``output`` already holds from the same spec, rpx
-    and plugins is kept (see rpx_core.resume)."""
+    rpx_core.execution.runners); SIGINT and SIGTERM record the running stage as interrupted and raise
+    :class:`rpx_core.execution.interrupts.Interrupted`. With ``resume``, what ``output`` already holds from the same spec, rpx
+    and plugins is kept (see rpx_core.results.resume)."""
     spec = plan.spec
     execution = execution or spec.execution
     backends = {name: plugins.backend(name, spec.choose, require_available=False)
@@ -229,7 +108,7 @@ def run_plan(
             raise
         finally:
             results.close()
-            if isinstance(env.runner, WorkerExecutor):
+            if isinstance(env.runner, WorkerRunner):
                 env.runner.close()
         results.update(provenance=attrs.evolve(results.run.provenance, finished=now()))
         return results.run
@@ -246,22 +125,22 @@ def choose_executor(plan: Plan, plugins: Plugins, execution: Execution, model_ob
     executor = plugins.executors()[execution.executor]
     options = executor_options(executor, execution, plan.where)
     preload = tuple(dict.fromkeys(module for backend in backends.values() for module in backend.worker_preload))
-    runner = make_executor(plugins, execution, model_objects, preload)
-    setup = runner.setup if isinstance(runner, WorkerExecutor) else None
+    runner = make_runner(plugins, execution, model_objects, preload)
+    setup = runner.setup if isinstance(runner, WorkerRunner) else None
     return executor, Environment(setup, execution, options, runner)
 
 
-def make_executor(plugins: Plugins, execution: Execution, model_objects: dict[str, Any] | None,
+def make_runner(plugins: Plugins, execution: Execution, model_objects: dict[str, Any] | None,
                   preload: tuple[str, ...] = ()) -> Runner:
     """What runs one job on this machine. ``auto`` isolation: worker processes, unless the run holds live objects
     (models or plugins given to the Python API), which only rpx's own process has."""
     live = bool(model_objects) or any(info.distribution == "<runtime>" for info in plugins.infos())
     isolation = execution.isolation if execution.isolation != "auto" else ("in-process" if live else "worker")
     if isolation == "in-process":
-        return InProcessExecutor(plugins, execution, model_objects)
+        return InProcessRunner(plugins, execution, model_objects)
     if model_objects:
         raise RpxError('a live model object cannot be sent to a worker process; use isolation "in-process"')
-    return WorkerExecutor(setup_for(plugins), execution, preload)
+    return WorkerRunner(setup_for(plugins), execution, preload)
 
 
 def executor_options(executor: Executor, execution: Execution, where: str) -> Any:
