@@ -179,9 +179,11 @@ def cmd_backends(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
-    for row in rows:
-        mark = "available" if row["available"] else "unavailable"
-        print(f"{row['name']:<8} {mark:<12} {','.join(row['precisions']):<22} {row['reason']}")
+    cells = [(row["name"], "available" if row["available"] else "unavailable", ",".join(row["precisions"]),
+              row["reason"]) for row in rows]
+    widths = [max((len(cell[index]) for cell in cells), default=0) for index in range(3)]
+    for cell in cells:
+        print("  ".join(text.ljust(width) for text, width in zip(cell, widths)) + "  " + cell[3])
     return EXIT_OK
 
 

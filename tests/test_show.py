@@ -141,3 +141,14 @@ def test_cli_show_and_its_errors(tmp_path):
     foreign = subprocess.run([sys.executable, "-m", "rpx_core.cli", "show", str(bad)], capture_output=True, text=True,
                              timeout=120)
     assert foreign.returncode == 2 and "Traceback" not in foreign.stderr, foreign.stderr
+
+
+def test_a_spec_given_where_results_are_expected_is_named_as_a_spec():
+    spec = DATA / "batch.toml"
+    for command in (["show", str(spec)], ["plot", str(spec), "--kind", "batch", "-o", "x.png"],
+                    ["compare", str(spec), str(BATCH)], ["report", str(spec), "-o", "x.html"]):
+        done = subprocess.run([sys.executable, "-m", "rpx_core.cli", *command], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, command
+        assert f"{spec}: this is a spec (its [[models]] name sources), not a results file: run it with `rpx run " \
+            in done.stderr, (command, done.stderr)
