@@ -1,0 +1,232 @@
+"""The ``serve`` and ``measure_serving`` stages, declared like any plugin's, and their built-in implementations for
+torch models (answered ``trylast``, so a plugin can answer them first for its own backends or models)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rpx_core.plugin import (
+    FLOAT_DTYPES,
+    GPUSpec,
+    MissingPeakError,
+    RpxError,
+    Stage,
+    StageContext,
+    hookimpl,
+)
+from rpx_core.types.roofline import SkippedRoofline
+from rpx_core.types.serving import (
+    MeasureServingOptions,
+    MeasureServingResult,
+    ServeOptions,
+    ServeResult,
+)
+from rpx_plugins.stages import gpu_key
+
+Fields = dict[str, float | str]
+
+
+def serve_fields(result: ServeResult, results: Mapping[str, Any]) -> Fields:
+    """Flat fields: KV bytes per token, served weights, and per GPU the bounds and the largest batch per context."""
+    fields: Fields = {"kv_bytes_per_token": result.kv_bytes_per_token, "served_weights_gb": result.weight_bytes / 1e9}
+    for gpu in result.gpus.values():
+        key = f"{gpu_key(gpu.gpu)}_{gpu.precision}"
+        for step in gpu.prefill:
+            fields[f"ttft_{key}_b{step.batch_size}_ms"] = step.bound_ms
+        for step in gpu.decode:
+            fields[f"tpot_{key}_c{step.context}_b{step.batch_size}_ms"] = step.bound_ms
+        for context in gpu.capacities:
+            fields[f"max_batch_{key}_c{context.context}"] = context.max_batch
+    return fields
+
+
+def measured_fields(result: MeasureServingResult, results: Mapping[str, Any]) -> Fields:
+    fields: Fields = {}
+    for step in result.steps:
+        key = f"{step.phase}_c{step.context}_b{step.batch_size}"
+        fields[f"measured_{key}_ms"] = step.p50_ms
+        if step.efficiency is not None:
+            fields[f"efficiency_{key}"] = step.efficiency
+    return fields
+
+
+def measured_unquantised(spec: Any, options: MeasureServingOptions) -> Iterable[str]:
+    """The measured model runs as the backend executes it: weights and KV cache at the run's precision."""
+    serve = spec.options.get("serve") or {}
+    for key in ("weights", "kv_cache"):
+        if serve.get(key) is not None:
+            yield (f"options.serve.{key}: measure_serving times the model as the backend runs it, with weights and "
+                   f"KV cache at the run's precision; {key} = {serve[key]!r} is counted and bounded by serve only "
+                   "(measure in a spec without it)")
+
+
+def always(options: Any) -> bool:
+    return True
+
+
+SERVE = Stage(
+    "serve",
+    "a decoder as served: prefill and decode steps with a real KV cache, bounded per GPU",
+    result=ServeResult,
+    options=ServeOptions,
+    summary=serve_fields,
+    doc="Count a prefill (``prompt`` tokens) and decode steps (one token against a KV cache of each ``context``) "
+    "at each batch size on the meta device, store weights and KV cache in the formats asked for, and bound each "
+    "step on every GPU of the spec: time to first token, time per output token, tokens/s, what fits, where decode "
+    "turns compute-bound.",
+)
+MEASURE_SERVING = Stage(
+    "measure_serving",
+    "serve's prefill and decode steps timed on the backend, beside their bounds",
+    result=MeasureServingResult,
+    needs=("serve", "system_card"),
+    options=MeasureServingOptions,
+    executes=always,
+    measures=True,
+    check=measured_unquantised,
+    summary=measured_fields,
+    doc="Time ``ctx.results['serve']``'s steps on the backend: single synchronised calls against a KV cache filled "
+    "to each step's length, with the median's interval and the bound of the GPU they ran on.",
+)
+
+
+@hookimpl
+def rpx_register_stages() -> list[Stage]:
+    return [SERVE, MEASURE_SERVING]
+
+
+def handles(ctx: StageContext) -> bool:
+    return ctx.backend.framework == "torch"
+
+
+@hookimpl(trylast=True)
+def rpx_serve(ctx: StageContext) -> ServeResult | None:
+    return serve(ctx) if handles(ctx) else None
+
+
+@hookimpl(trylast=True)
+def rpx_measure_serving(ctx: StageContext) -> MeasureServingResult | None:
+    if not handles(ctx):
+        return None
+    from rpx_plugins.serving.measure import measure_steps
+
+    return measure_steps(ctx)
+
+
+def token_input_shape(ctx: StageContext) -> tuple[int, int] | None:
+    """(batch, sequence) of the model's token-id input, as the spec gives it; None without one (an input_factory)."""
+    for spec_input in ctx.job.model.inputs:
+        if spec_input.dtype not in FLOAT_DTYPES and len(spec_input.shape) >= 2:
+            return spec_input.shape[spec_input.batch_dim or 0], spec_input.shape[1]
+    return None
+
+
+def step_sizes(ctx: StageContext, options: ServeOptions) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """(prompt, contexts, batch sizes): the options', else the model input's."""
+    shape = token_input_shape(ctx)
+    prompt = options.prompt or (shape[1] if shape else None)
+    if prompt is None:
+        raise RpxError(f"options.serve.prompt: model {ctx.job.model.name!r} gives no token-id input to take the "
+                       "prompt length from; set it")
+    batch_sizes = options.batch_sizes or ((shape[0],) if shape else (1,))
+    return prompt, options.contexts or (prompt,), tuple(dict.fromkeys(batch_sizes))
+
+
+def serve(ctx: StageContext) -> ServeResult:
+    from rpx_plugins.serving.count import Formats, Remembered, count_step, kv_bytes_per_token, steps_to_count
+    from rpx_plugins.serving.hf_cache import cache_argument
+    from rpx_plugins.serving.weights import weight_layout
+    from rpx_plugins.torch.counts import live_meta_copy, meta_model
+
+    options: ServeOptions = ctx.options("serve") or ServeOptions()
+    prompt, contexts, batch_sizes = step_sizes(ctx, options)
+    model = live_meta_copy(ctx) if ctx.model_object is not None else meta_model(ctx)
+    argument = cache_argument(model, ctx.job.model.name)
+    precision = ctx.job.precision
+    layout = weight_layout(model, precision, options.weights, options.group_size, options.zero_points)
+    formats = Formats(precision, options.kv_cache)
+    shapes = steps_to_count(prompt, tuple(sorted(set(contexts))), batch_sizes)
+    warm, formulas, steps = Remembered(), ctx.plugins.op_formulas(), []
+    for done, shape in enumerate(shapes):
+        ctx.progress("serving steps", done, len(shapes))
+        steps.append(count_step(model, argument, shape, formats, layout, formulas, warm))
+    prefill = tuple(step for step in steps if step.phase == "prefill")
+    decode = tuple(step for step in steps if step.phase == "decode")
+    gpus, skipped, local = bound_on_gpus(ctx, precision, prefill, decode, layout.resident_bytes,
+                                         options.memory_fraction)
+    kv_format = formats.kv_cache or precision
+    return ServeResult(
+        prompt=prompt,
+        contexts=tuple(sorted(set(contexts))),
+        batch_sizes=batch_sizes,
+        precision=precision,
+        weight_format=layout.format,
+        kv_cache_format=f"{kv_format} (one fp32 scale per cache tensor)" if formats.kv_cache else kv_format,
+        weight_bytes=layout.resident_bytes,
+        weight_bytes_at_precision=layout.at_precision_bytes,
+        quantised_weight_elements=layout.quantised_elements,
+        kv_bytes_per_token=kv_bytes_per_token(list(decode)),
+        prefill=prefill,
+        decode=decode,
+        conventions=conventions(precision, options),
+        gpus=gpus,
+        skipped=skipped,
+        local_gpu=local,
+    )
+
+
+def bound_on_gpus(ctx: StageContext, precision: str, prefill: tuple, decode: tuple, resident: int,
+                  memory_fraction: float) -> tuple[dict, tuple[SkippedRoofline, ...], str | None]:
+    """Every step bounded on the spec's GPUs and the one the job runs on, if the catalogue knows it."""
+    from rpx_plugins.roofline.stage import local_gpu
+    from rpx_plugins.serving.bounds import gpu_serving
+
+    catalog = ctx.gpu_catalog
+    chosen: list[GPUSpec] = list(catalog.all() if "all" in ctx.job.gpus else
+                                 [catalog.get(name) for name in ctx.job.gpus])
+    local = local_gpu(ctx)
+    if local is not None and local not in chosen:
+        chosen.append(local)
+    gpus, skipped = {}, []
+    for gpu in chosen:
+        try:
+            gpus[gpu.name] = gpu_serving(gpu, precision, prefill, decode, resident, memory_fraction)
+        except MissingPeakError as exc:
+            skipped.append(SkippedRoofline(gpu=gpu.name, precision=precision, reason=str(exc)))
+    return gpus, tuple(skipped), local.name if local is not None else None
+
+
+def conventions(precision: str, options: ServeOptions) -> tuple[str, ...]:
+    """What every figure of a ServeResult means, in words."""
+    return (
+        "prefill: `prompt` tokens per sequence into an empty KV cache of `prompt` positions; decode step: one token "
+        "per sequence against a KV cache of `context` positions, the new token's included (context - 1 earlier "
+        "tokens); the output head computes the last position's logits only where the model allows it",
+        "FLOPs = 2 x MACs for matrix work + other FLOPs from rpx's per-element table, counted by rpx's counter on the "
+        "meta device over the model's own forward with a transformers StaticCache of the step's length (causal "
+        "masks counted dense, as rpx counts attention everywhere); the cache's in-place writes (index_copy_) have no "
+        "FLOP formula and are listed in uncounted_ops, their bytes are kv_written_bytes",
+        "bytes = weights read once (embedding tables: one row per token of the pass, unless tied to the output head) "
+        "+ the KV cache read once over every position attended + the new tokens' keys and values written once + "
+        "token ids and positions in + outputs other than the cache out: the serving lower bound on traffic; "
+        "1 GB = 1e9 bytes",
+        f"weights: {options.weights or precision} for the matrix weights (every floating 2-D parameter except "
+        "embedding tables and the output head), everything else at the precision; int8/int4: elements at 8/4 bits, "
+        "one fp16 scale per group of `group_size` weights along the input dimension (0: per output row), plus a "
+        "zero point per group at the weights' bits with `zero_points`; fp8: 1 byte, one fp32 scale per tensor; "
+        "FLOPs are unchanged (dequantisation's per-element work is not counted)",
+        f"KV cache: {options.kv_cache or precision}, every floating tensor of the cache object"
+        + ("; one fp32 scale per cache tensor" if options.kv_cache else ""),
+        f"peak: the dense {precision} peak of each GPU (weight-only formats and a quantised KV cache are dequantised "
+        "to the activations' precision; `precision = \"fp8\"` for fp8 weights and activations)",
+        "bound = max(FLOPs / peak, bytes / bandwidth); prefill's is the time to first token of the batch, decode's "
+        "the time per output token; tokens/s = batch x new tokens / bound (per sequence: new tokens / bound)",
+        f"fits: weights + the step's KV cache + its activation peak <= memory_gb x 1e9 x {options.memory_fraction} "
+        "(memory_fraction); gpus_needed: the smallest power of two n with that sum / n within it (tensor "
+        "parallelism as an even split; replicated norms and communication not counted), bound_ms_on_gpus_needed = "
+        "bound / n",
+        "max_batch and compute_bound_from_batch: FLOPs, bytes, KV cache and activation peak of the decode step taken "
+        "affine in batch through the two smallest batch sizes counted at that context (exact for all but the "
+        "activation peak); compute-bound once FLOPs / peak >= bytes / bandwidth (a tie counts as compute)",
+    )
