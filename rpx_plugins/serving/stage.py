@@ -22,7 +22,7 @@ from rpx_core.types.serving import (
     ServeOptions,
     ServeResult,
 )
-from rpx_plugins.stages import gpu_key
+from rpx_plugins.stages.roofline import gpu_key
 
 Fields = dict[str, float | str]
 
