@@ -142,7 +142,7 @@ class ContextCapacity:
     max_batch: int
     #: Smallest batch at which the decode step's compute time reaches its memory time (FLOPs and bytes are affine in
     #: batch: weights once, the rest per sequence); None when it never does (``note`` says why).
-    compute_bound_from_batch: int | None
+    compute_bound_from_batch: int | None = None
     note: str | None = None
 
 
