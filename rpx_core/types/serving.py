@@ -192,8 +192,8 @@ class MeasureServingOptions:
 
     warmup_calls: int = attrs.field(default=3, validator=_at_least(0))  # untimed calls per step before sampling
     min_samples: int = attrs.field(default=20, validator=_at_least(1))  # timed calls wanted per step
-    #: Seconds the whole stage may sample for once the model is built, shared evenly by the steps (at least one
-    #: sample per step is always taken).
+    #: Seconds the whole stage may sample for, shared evenly by the steps (filling a step's cache and its warm-up
+    #: are not sampling; at least one sample per step is always taken).
     max_seconds: float = attrs.field(default=30.0, validator=seconds_validator())
     interval_confidence: float = attrs.field(default=0.95, validator=[attrs.validators.gt(0), attrs.validators.lt(1)])
 

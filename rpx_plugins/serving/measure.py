@@ -32,7 +32,7 @@ def measure_steps(ctx: StageContext) -> MeasureServingResult:
     with backend.inference_context():
         for done, step in enumerate(steps):
             ctx.progress("serving steps", done, len(steps))
-            samples = time_step(ctx, model, argument, step, options, timer, Deadline.after(share))
+            samples = time_step(ctx, model, argument, step, options, timer, share)
             measured.append(summarise(step, samples, options, bounds.get((step.phase, step.batch_size, step.context))))
     card = ctx.results.get("system_card")
     return MeasureServingResult(
@@ -60,8 +60,9 @@ def bounds_by_step(serve: ServeResult) -> dict[tuple[str, int, int], float]:
 
 
 def time_step(ctx: StageContext, model: Any, argument: str, step: ServeStep, options: MeasureServingOptions,
-              timer: Any, deadline: Deadline) -> list[float]:
-    """Seconds of single calls of ``step``: warm-up first, then samples until ``min_samples`` or the deadline."""
+              timer: Any, seconds: float) -> list[float]:
+    """Seconds of single calls of ``step``: the cache filled, warm-up, then samples until ``min_samples`` or
+    ``seconds`` of sampling passed (filling and warm-up are not sampling)."""
     backend, device = ctx.backend, ctx.job.device
     dtype = next(model.parameters()).dtype
     cache = static_cache(model, step.batch_size, step.context, dtype, device)
@@ -77,6 +78,7 @@ def time_step(ctx: StageContext, model: Any, argument: str, step: ServeStep, opt
         call()
         rewind(cache, step.new_tokens)
     samples: list[float] = []
+    deadline = Deadline.after(seconds)
     with gc_paused():
         while not samples or (len(samples) < options.min_samples and not deadline.expired()):
             timer.start()
