@@ -290,3 +290,55 @@ def test_the_measured_cache_holds_real_keys_and_values_and_a_step_can_run_again(
         for _ in range(2):
             assert torch.allclose(model(**step).logits[:, -1], full, atol=1e-4)
             rewind(cache, 1)
+
+
+def test_the_serving_tables_summary_and_charts_of_a_real_run():
+    """tests/data/serving_results.toml: a miniature Llama through serve (H100-SXM, L4) and measure_serving (CPU)."""
+    import io
+
+    from rpx_core.api import load_results
+    from rpx_plugins.stages.serving import capacity_table, measured_chart, measured_table, serving_chart, steps_table
+
+    run = load_results(REPO / "tests" / "data" / "serving_results.toml")
+    (model,) = run.models
+    served = model.stages["serve"].result
+    steps = steps_table(run)
+    assert len(steps.rows) == 2 * (2 + 2 * 2)  # per GPU: the prefill at batch 1 and 4, decode at 2 contexts x 2 batches
+    h100 = served.gpus["H100-SXM"]
+    first_decode = steps.rows[2]  # after the two prefill rows of the first GPU
+    assert [cell.value for cell in first_decode[1:5]] == ["H100-SXM", "decode", 1, 64]
+    assert first_decode[8].value == h100.decode[0].bound_ms and first_decode[12].text == "yes"
+    assert [row[5].value for row in capacity_table(run).rows] == [c.max_batch for gpu in served.gpus.values()
+                                                                  for c in gpu.capacities]
+    measured = measured_table(run)
+    assert [(row[1].value, row[2].value, row[3].value) for row in measured.rows] == [
+        ("prefill", 1, 16), ("prefill", 4, 16), ("decode", 1, 64), ("decode", 4, 64), ("decode", 1, 256),
+        ("decode", 4, 256)]
+    assert model.summary["ttft_h100_sxm_fp32_b1_ms"] == h100.prefill[0].bound_ms
+    assert model.summary["max_batch_l4_fp32_c256"] == served.gpus["L4"].capacities[1].max_batch
+    for chart in (serving_chart(run), measured_chart(run)):
+        assert len([ax for ax in chart.axes if ax.get_visible()]) == 2
+        chart.savefig(io.BytesIO(), format="svg")
+
+
+def test_a_sweep_over_the_prompt_gives_one_serving_point_per_length(tmp_path):
+    from rpx_core.api import run_spec
+    from rpx_core.show.sweeps import sweep_table
+    from rpx_core.spec.schema import spec_from_dict
+    from tests.conftest import builtin_stages
+
+    folder = config_dir(tmp_path, "llama", LLAMA)
+    spec = spec_from_dict({"stages": ["serve"], "precision": "bf16", "gpus": ["H100-SXM"],
+                           "execution": {"isolation": "in-process"}, "sweep": {"seq_len": [32, 128]},
+                           "options": {"serve": {"contexts": [256]}},
+                           "models": [{"name": "llama", "source": f"hf:{folder}", "input_shape": [1, 8],
+                                       "kwargs": {"auto_class": "AutoModelForCausalLM"}}]})
+    run = run_spec(spec, output=None)
+    for prompt in (32, 128):
+        served = run.model(f"llama[seq_len={prompt}]").result("serve")
+        (prefill,) = served.prefill
+        assert (served.prompt, prefill.new_tokens) == (prompt, prompt)
+        assert prefill.macs == LAYERS * (prompt * layer_linear_macs() + 2 * HEADS * prompt * prompt * D) + H * VOCAB
+    table = sweep_table(run, builtin_stages())
+    assert "TTFT H100-SXM b1" in table.titles  # the prefill's bound changes with the prompt; decode's does not
+    assert "TPOT H100-SXM c256 b1" not in table.titles

@@ -30,6 +30,7 @@ def show_text(run, fmt, names=None):
 
 DATA = Path(__file__).parent / "data"
 RUN_A, BATCH = DATA / "run_a_results.toml", DATA / "batch_results.toml"
+SERVING = DATA / "serving_results.toml"
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +172,7 @@ def markdown_tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
     return found
 
 
-@pytest.mark.parametrize("source", [RUN_A, BATCH])
+@pytest.mark.parametrize("source", [RUN_A, BATCH, SERVING])
 def test_no_header_unit_contradicts_a_cell_in_any_format(source):
     run = load_results(source)
     every = list(views.views(STAGES))

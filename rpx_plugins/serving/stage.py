@@ -1,99 +1,23 @@
-"""The ``serve`` and ``measure_serving`` stages, declared like any plugin's, and their built-in implementations for
-torch models (answered ``trylast``, so a plugin can answer them first for its own backends or models)."""
+"""The built-in implementations of the ``serve`` and ``measure_serving`` stages for torch models (answered
+``trylast``, so a plugin can answer them first for its own backends or models); their declarations, tables and
+charts are in rpx_plugins.stages.serving."""
 
 from __future__ import annotations
-
-from collections.abc import Iterable, Mapping
-from typing import Any
 
 from rpx_core.plugin import (
     FLOAT_DTYPES,
     GPUSpec,
     MissingPeakError,
     RpxError,
-    Stage,
     StageContext,
     hookimpl,
 )
 from rpx_core.types.roofline import SkippedRoofline
 from rpx_core.types.serving import (
-    MeasureServingOptions,
     MeasureServingResult,
     ServeOptions,
     ServeResult,
 )
-from rpx_plugins.stages.roofline import gpu_key
-
-Fields = dict[str, float | str]
-
-
-def serve_fields(result: ServeResult, results: Mapping[str, Any]) -> Fields:
-    """Flat fields: KV bytes per token, served weights, and per GPU the bounds and the largest batch per context."""
-    fields: Fields = {"kv_bytes_per_token": result.kv_bytes_per_token, "served_weights_gb": result.weight_bytes / 1e9}
-    for gpu in result.gpus.values():
-        key = f"{gpu_key(gpu.gpu)}_{gpu.precision}"
-        for step in gpu.prefill:
-            fields[f"ttft_{key}_b{step.batch_size}_ms"] = step.bound_ms
-        for step in gpu.decode:
-            fields[f"tpot_{key}_c{step.context}_b{step.batch_size}_ms"] = step.bound_ms
-        for context in gpu.capacities:
-            fields[f"max_batch_{key}_c{context.context}"] = context.max_batch
-    return fields
-
-
-def measured_fields(result: MeasureServingResult, results: Mapping[str, Any]) -> Fields:
-    fields: Fields = {}
-    for step in result.steps:
-        key = f"{step.phase}_c{step.context}_b{step.batch_size}"
-        fields[f"measured_{key}_ms"] = step.p50_ms
-        if step.efficiency is not None:
-            fields[f"efficiency_{key}"] = step.efficiency
-    return fields
-
-
-def measured_unquantised(spec: Any, options: MeasureServingOptions) -> Iterable[str]:
-    """The measured model runs as the backend executes it: weights and KV cache at the run's precision."""
-    serve = spec.options.get("serve") or {}
-    for key in ("weights", "kv_cache"):
-        if serve.get(key) is not None:
-            yield (f"options.serve.{key}: measure_serving times the model as the backend runs it, with weights and "
-                   f"KV cache at the run's precision; {key} = {serve[key]!r} is counted and bounded by serve only "
-                   "(measure in a spec without it)")
-
-
-def always(options: Any) -> bool:
-    return True
-
-
-SERVE = Stage(
-    "serve",
-    "a decoder as served: prefill and decode steps with a real KV cache, bounded per GPU",
-    result=ServeResult,
-    options=ServeOptions,
-    summary=serve_fields,
-    doc="Count a prefill (``prompt`` tokens) and decode steps (one token against a KV cache of each ``context``) "
-    "at each batch size on the meta device, store weights and KV cache in the formats asked for, and bound each "
-    "step on every GPU of the spec: time to first token, time per output token, tokens/s, what fits, where decode "
-    "turns compute-bound.",
-)
-MEASURE_SERVING = Stage(
-    "measure_serving",
-    "serve's prefill and decode steps timed on the backend, beside their bounds",
-    result=MeasureServingResult,
-    needs=("serve", "system_card"),
-    options=MeasureServingOptions,
-    executes=always,
-    measures=True,
-    check=measured_unquantised,
-    summary=measured_fields,
-    doc="Time ``ctx.results['serve']``'s steps on the backend: single synchronised calls against a KV cache filled "
-    "to each step's length, with the median's interval and the bound of the GPU they ran on.",
-)
-
-
-@hookimpl
-def rpx_register_stages() -> list[Stage]:
-    return [SERVE, MEASURE_SERVING]
 
 
 def handles(ctx: StageContext) -> bool:
