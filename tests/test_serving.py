@@ -42,9 +42,10 @@ def config_dir(tmp_path: Path, name: str, config: dict) -> Path:
     return folder
 
 
-def serve(folder: Path, precision: str = "bf16", gpus: tuple[str, ...] = (), shape=(1, 16), **options) -> ServeResult:
+def serve(folder: Path, precision: str = "bf16", gpus: tuple[str, ...] = (), shape=(1, 16),
+          auto_class: str = "AutoModelForCausalLM", **options) -> ServeResult:
     ctx = make_context(f"hf:{folder}", stages=["serve"], precision=precision, gpus=list(gpus),
-                       model_keys={"input_shape": list(shape), "kwargs": {"auto_class": "AutoModelForCausalLM"}},
+                       model_keys={"input_shape": list(shape), "kwargs": {"auto_class": auto_class}},
                        options={"serve": options})
     return run_stage("serve", ctx)
 
@@ -208,6 +209,17 @@ def test_a_model_that_takes_no_kv_cache_is_not_applicable(tmp_path):
                        stages=["serve"])
     with pytest.raises(NotApplicable, match=r"takes no KV cache in Hugging Face's convention"):
         run_stage("serve", ctx)
+
+
+def test_a_model_without_its_output_head_is_counted_and_says_so(tmp_path):
+    folder = config_dir(tmp_path, "llama", LLAMA)
+    headless = serve(folder, auto_class="AutoModel", contexts=[64])
+    full = serve(folder, contexts=[64])
+    assert full.notes == ()
+    (note,) = headless.notes
+    assert "has no output head" in note and "--kwarg auto_class=AutoModelForCausalLM" in note
+    for without, with_head in zip(headless.decode, full.decode):
+        assert with_head.macs - without.macs == with_head.batch_size * H * VOCAB
 
 
 def test_measure_serving_refuses_quantised_formats_before_anything_runs(tmp_path):

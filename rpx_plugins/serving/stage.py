@@ -4,6 +4,8 @@ charts are in rpx_plugins.stages.serving."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rpx_core.plugin import (
     FLOAT_DTYPES,
     GPUSpec,
@@ -97,7 +99,18 @@ def serve(ctx: StageContext) -> ServeResult:
         gpus=gpus,
         skipped=skipped,
         local_gpu=local,
+        notes=head_notes(model, ctx.job.model.name),
     )
+
+
+def head_notes(model: Any, name: str) -> tuple[str, ...]:
+    """A model built without its output head computes no logits: its steps lack the head's work and weights."""
+    getter = getattr(model, "get_output_embeddings", None)
+    if callable(getter) and getter() is not None:
+        return ()
+    return (f"model {name!r} ({type(model).__name__}) has no output head: its steps end in hidden states, without "
+            "the logits a served step computes; for an hf: model, kwargs.auto_class = \"AutoModelForCausalLM\" (rpx "
+            "profile: --kwarg auto_class=AutoModelForCausalLM) counts the head too",)
 
 
 def bound_on_gpus(ctx: StageContext, precision: str, prefill: tuple, decode: tuple, resident: int,

@@ -95,6 +95,7 @@ def steps_table(run: Any) -> Table | None:
                      f"{result.kv_cache_format} ({units.size(result.kv_bytes_per_token)} per token), prompt "
                      f"{result.prompt:,}, peaks at {result.precision}")
         notes += [f"{model.name}: not bounded on {s.gpu}: {s.reason}" for s in result.skipped]
+        notes += [f"{model.name}: {note}" for note in result.notes]
         if not result.gpus:
             notes.append(f"{model.name}: counted only: the spec names no GPUs to bound on")
     if not rows:
