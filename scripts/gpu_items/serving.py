@@ -128,7 +128,7 @@ def main() -> int:
     decode = [step for step in measured.steps if step.phase == "decode"]
     rates = [step.tokens_per_s for step in decode]
     grows = all(later > earlier for earlier, later in zip(rates, rates[1:]))
-    checks.line("PASS" if grows or not cuda else "FAIL", "decode tokens/s grows with batch",
+    checks.line(("PASS" if grows else "FAIL") if cuda else "SKIP", "decode tokens/s grows with batch",
                 ", ".join(f"batch {step.batch_size}: {step.tokens_per_s:,.0f}" for step in decode))
     print(f"done in {time.perf_counter() - started:.0f} s; results: {out / 'serving.toml'}", flush=True)
     return 1 if checks.failed else 0
