@@ -30,7 +30,14 @@ from rpx_core.plugin import (
     pyplot,
     units,
 )
-from rpx_core.types.serving import MeasureServingOptions, MeasureServingResult, ServeOptions, ServeResult
+from rpx_core.types.serving import (
+    KV_CACHE_FORMATS,
+    WEIGHT_FORMATS,
+    MeasureServingOptions,
+    MeasureServingResult,
+    ServeOptions,
+    ServeResult,
+)
 from rpx_plugins.stages.roofline import gpu_key
 
 Fields = dict[str, float | str]
@@ -69,8 +76,8 @@ def measured_fields(result: MeasureServingResult, results: Mapping[str, Any]) ->
 def measured_unquantised(spec: Any, options: MeasureServingOptions) -> Iterable[str]:
     """The measured model runs as the backend executes it: weights and KV cache at the run's precision."""
     serve = spec.options.get("serve") or {}
-    for key in ("weights", "kv_cache"):
-        if serve.get(key) is not None:
+    for key, formats in (("weights", WEIGHT_FORMATS), ("kv_cache", KV_CACHE_FORMATS)):
+        if serve.get(key) in formats:  # another value is the serve options' own error
             yield (f"options.serve.{key}: measure_serving times the model as the backend runs it, with weights and "
                    f"KV cache at the run's precision; {key} = {serve[key]!r} is counted and bounded by serve only "
                    "(measure in a spec without it)")
