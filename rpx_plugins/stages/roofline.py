@@ -164,7 +164,22 @@ def roofline_chart(run: Any) -> Any:
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside: never over a point
     figure.tight_layout()
+    _drop_overlapping_labels(figure, ax)
     return figure
+
+
+def _drop_overlapping_labels(figure: Any, ax: Any) -> None:
+    """Hide an operator's label where it would overlap the label of an operator drawn before it (the top operators
+    come in order of their share of the time, so the more important label stays)."""
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    kept: list[Any] = []
+    for text in (child for child in ax.texts if child.get_gid() == "data-label"):
+        box = text.get_window_extent(renderer)
+        if any(box.overlaps(other) for other in kept):
+            text.set_visible(False)
+        else:
+            kept.append(box)
 
 
 def _intensities(model: Any) -> tuple[float | None, float | None]:
