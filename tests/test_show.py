@@ -29,6 +29,7 @@ def show_text(run, fmt, names=None):
 
 DATA = Path(__file__).parent / "data"
 RUN_A, BATCH = DATA / "run_a_results.toml", DATA / "batch_results.toml"
+SERVING = DATA / "serving_results.toml"
 
 
 @pytest.fixture(scope="module")
@@ -121,12 +122,13 @@ def test_noisy_and_thin_latency_is_marked(run_a):
     assert row[1].text.endswith(latency_views.PARTIAL) and row[8].text == "too_few_samples"
 
 
-def test_the_cli_help_names_every_builtin_table():
-    from rpx_core.cli import build_parser
+def test_an_unknown_table_name_lists_every_table():
+    from rpx_core.errors import RpxError
 
-    show = build_parser()._subparsers._group_actions[0].choices["show"]
-    help_text = next(action.help for action in show._actions if action.dest == "table")
-    assert all(name in help_text for name in declared.table_views(STAGES))
+    with pytest.raises(RpxError) as error:
+        show_text(load_results(RUN_A), "table", ["tier"])
+    assert "no table 'tier'; did you mean 'tier1'?" in str(error.value)
+    assert all(name in str(error.value) for name in declared.table_views(STAGES))
 
 
 def test_cli_show_and_its_errors(tmp_path):
@@ -170,7 +172,7 @@ def markdown_tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
     return found
 
 
-@pytest.mark.parametrize("source", [RUN_A, BATCH])
+@pytest.mark.parametrize("source", [RUN_A, BATCH, SERVING])
 def test_no_header_unit_contradicts_a_cell_in_any_format(source):
     run = load_results(source)
     every = list(declared.table_views(STAGES))

@@ -15,9 +15,8 @@ def register(command: Any) -> None:
     show.add_argument("--format", choices=("table", "markdown", "csv", "json"), default="table",
                       help="table (terminal), markdown, csv (one table: --table, default summary) or json")
     show.add_argument("--table", action="append", metavar="NAME",
-                      help="only these tables (repeatable): the names the stages declare (the built-in ones: tier1, "
-                           "uncounted, operators, modules, roofline, latency, throughput, batch_search; and sweep, "
-                           "problems, summary); default: every table but the long breakdowns")
+                      help="only these tables (repeatable): a table a stage declares, or sweep, problems, summary; "
+                           "an unknown name lists every one; default: every table but the long breakdowns")
     show.set_defaults(handler=cmd_show)
 
 
