@@ -71,7 +71,7 @@ def test_a_plugin_stage_is_ordered_validated_overridable_and_reloaded_like_a_bui
     assert overridden.result("weights_report").weights == -1.0
     reloaded = load_results(tmp_path / "own.toml", plugins=plugins).model("lin").result("weights_report")
     assert reloaded == model.result("weights_report") and type(reloaded).__name__ == "WeightsReport"
-    with pytest.raises(SpecError, match=r"s.toml: options.weights_report.unit: 'unit' must be in \('MB', 'MiB'\) \(got 'kB'\)$"):
+    with pytest.raises(SpecError, match=r"s.toml: options.weights_report.unit: must be in \('MB', 'MiB'\) \(got 'kB'\)$"):
         run_spec(spec_from_dict({**spec, "options": {"weights_report": {"unit": "kB"}}}), plugins=plugins,
                  output=None, spec_path="s.toml")
     assert plugins.hook_order("rpx_weights_report") == ["override", "example"]
