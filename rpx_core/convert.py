@@ -70,6 +70,7 @@ def _every_problem(cls: type, data: Mapping[str, Any], converter: cattrs.Convert
     if unknown:
         errors.append(ForbiddenExtraKeysError("", cls, unknown))
     values: dict[str, Any] = {}
+    unstructured: set[str] = set()  # given, but refused: their defaults are not what the user wrote
     for field in fields:
         if field.alias not in data:
             if field.default is attrs.NOTHING:
@@ -79,12 +80,14 @@ def _every_problem(cls: type, data: Mapping[str, Any], converter: cattrs.Convert
             values[field.alias] = converter.structure(data[field.alias], field.type)
         except Exception as exc:  # noqa: BLE001 - every kind of structuring failure is a line to report
             errors.append(_noted(exc, field))
-    instance = types.SimpleNamespace(**{**_defaults(fields), **values})  # what a validator reading others sees
+            unstructured.add(field.alias)
+    given = {**_defaults(fields), **values}  # a default is validated too, as attrs does
+    instance = types.SimpleNamespace(**given)  # what a validator reading other fields sees
     for field in fields:
-        if field.validator is None or field.alias not in values:
+        if field.validator is None or field.alias not in given or field.alias in unstructured:
             continue
         try:
-            field.validator(instance, field, values[field.alias])
+            field.validator(instance, field, given[field.alias])
         except (ValueError, TypeError, cattrs.BaseValidationError) as exc:
             errors.append(_noted(_without_field_name(exc, field), field))
     if not errors:

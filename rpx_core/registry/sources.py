@@ -10,7 +10,6 @@ source builds with: it finds it on the import path and says how to install it wh
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import re
 from collections.abc import Callable, Mapping
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from rpx_core.errors import PluginError, RpxError, UnsupportedError
+from rpx_core.errors import PluginError, RpxError, UnsupportedError, closest
 
 if TYPE_CHECKING:
     from rpx_core.spec.schema import InputSpec, ModelSpec
@@ -128,7 +127,7 @@ def problems(model: ModelSpec, registry: Any) -> list[str]:
 def unknown_scheme_hint(source: str, registry: Any) -> str:
     """For an import path whose module is not found: "; did you mean the model source 'hf:'?" when the part before
     the colon is close to a registered scheme."""
-    close = difflib.get_close_matches(source.partition(":")[0], list(registry), n=1)
+    close = closest(source.partition(":")[0], registry)
     return f"; did you mean the model source '{close[0]}:'?" if close else ""
 
 

@@ -11,11 +11,11 @@ from typing import Any
 import attrs
 
 from rpx_core.convert import structure
-from rpx_core.errors import PluginError, RpxError, SpecError, did_you_mean
+from rpx_core.errors import PluginError, RpxError, SpecError, choose_one_of, did_you_mean
 from rpx_core.execution.context import Job
 from rpx_core.registry.backends import Backend
 from rpx_core.registry.gpus import GPUCatalog
-from rpx_core.registry.manager import Plugins, Registry, choose_one_of
+from rpx_core.registry.manager import Plugins, Registry
 from rpx_core.registry.sources import ModelSource, resolve_inputs, resolve_target
 from rpx_core.registry.stages import Stage, resolve_order
 from rpx_core.spec.schema import ModelSpec, Spec
@@ -80,10 +80,8 @@ def plan_with_problems(spec: Spec, plugins: Plugins, *, where: str = "<spec>",
     problems += scope_problems(order, registry)
     options, option_problems = structure_options(spec, registry, order, where)
     problems += option_problems
-    try:
-        catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose)
-    except RpxError as exc:
-        return None, [f"{where}: {line}" for line in problems] + [f"{where}: gpu_packs: {exc}"]
+    catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose)
+    problems += catalog.problems  # packs that do not load (every problem of each), [choose.gpus] naming no GPU
     checkable = [name for name in order if registry[name].options is None or name in options]  # options understood
     problems += stage_problems(spec, registry, checkable, options)
     if backend is not None:
