@@ -37,6 +37,7 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook_func(_is_scalar_union, _structure_scalar_union)
     converter.register_structure_hook(bool, _strict_bool)
     converter.register_structure_hook(str, _strict_str)
+    converter.register_structure_hook(int, _strict_int)
     converter.register_structure_hook(float, _finite_float)
     converter.register_structure_hook_factory(attrs.has, lambda cls: _reporting_every_problem(cls, converter))
     return converter
@@ -198,6 +199,13 @@ def _strict_str(value: Any, _: type) -> str:
     """A string only: a number where a name or a path belongs is a mistake, not something to convert."""
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _strict_int(value: Any, _: type) -> int:
+    """An integer only: ``"3"``, ``3.7`` and ``true`` are mistakes, not integers to convert."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {type(value).__name__} {value!r}")
     return value
 
 

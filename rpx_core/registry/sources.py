@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import cattrs
 
 from rpx_core.errors import PluginError, RpxError, UnsupportedError, closest
 
@@ -53,7 +54,10 @@ class ModelSource:
     * ``inputs``: the model's inputs for an ``input_shape`` (e.g. token ids of batch x sequence).
     * ``requires``: top-level modules ``build`` imports; ``rpx validate`` finds them without importing them.
     * ``install``: how to get them, for the message when one is missing.
-    * ``check``: further problems with a target that can be seen before anything runs.
+    * ``check``: further problems with a target that can be seen before anything runs, one line each; a line that
+      starts with ``config.`` or ``kwargs.`` is about that key of the model, any other about its ``source``.
+    * ``kwargs``: an attrs class the model's ``kwargs`` table is structured into before anything runs (unknown keys
+      and wrong types are lines with their key path); None: ``build`` takes any keyword arguments.
     * ``example``: a target, for ``rpx plugins`` and messages.
     """
 
@@ -64,11 +68,12 @@ class ModelSource:
     requires: tuple[str, ...] = ()
     install: str = ""
     check: Check = _no_check
+    kwargs: type | None = None
     example: str = ""
 
     def missing(self) -> list[str]:
         """Required modules that cannot be found on the import path (found, never imported)."""
-        return [name for name in self.requires if not _findable(name)]
+        return [name for name in self.requires if not findable(name)]
 
     def missing_message(self) -> str | None:
         missing = self.missing()
@@ -78,7 +83,9 @@ class ModelSource:
         return f"model source {self.scheme!r} needs {', '.join(map(repr, missing))}, which is not installed{how}"
 
 
-def _findable(module: str) -> bool:
+def findable(module: str) -> bool:
+    """Whether ``module`` is on the import path, found without importing it (a plugin's library, checked before
+    anything runs; a module set to None in ``sys.modules`` cannot be imported, so is not found)."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
@@ -120,8 +127,22 @@ def problems(model: ModelSpec, registry: Any) -> list[str]:
     if missing:
         lines.append(f"source: {missing}")
     if target:
-        lines.extend(f"source: {line}" for line in source.check(target, model.config))
-    return lines
+        lines.extend(line if line.startswith(("config.", "kwargs.")) else f"source: {line}"
+                     for line in source.check(target, model.config))
+    return lines + kwargs_problems(model.kwargs, source.kwargs)
+
+
+def kwargs_problems(kwargs: Mapping[str, Any], options: type | None) -> list[str]:
+    """A named model's ``kwargs`` against its source's kwargs class, as ``kwargs.key: problem`` lines."""
+    if options is None:
+        return []
+    from rpx_core.convert import converter, describe_errors
+
+    try:
+        converter.structure(dict(kwargs), options)
+    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+        return describe_errors(exc, "kwargs")
+    return []
 
 
 def unknown_scheme_hint(source: str, registry: Any) -> str:

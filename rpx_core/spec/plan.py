@@ -16,7 +16,7 @@ from rpx_core.execution.context import Job
 from rpx_core.registry.backends import Backend
 from rpx_core.registry.gpus import GPUCatalog
 from rpx_core.registry.manager import Plugins, Registry
-from rpx_core.registry.sources import ModelSource, resolve_inputs, resolve_target
+from rpx_core.registry.sources import ModelSource, findable, resolve_inputs, resolve_target
 from rpx_core.registry.stages import Stage, resolve_order
 from rpx_core.spec.schema import ModelSpec, Spec
 from rpx_core.spec.sweep import expand, sweep_problems
@@ -168,6 +168,11 @@ def executor_problems(spec: Spec, plugins: Plugins, jobs: tuple[Job, ...], where
         executor = executors[name]
     except PluginError as exc:
         return [f"execution.executor: {exc}"]
+    missing = [module for module in executor.requires if not findable(module)]
+    if missing:
+        how = f": {executor.install}" if executor.install else ""
+        return [f"execution.executor: executor {name!r} needs {', '.join(map(repr, missing))}, which is not "
+                f"installed{how}"]
     if executor.options is None:
         if spec.execution.executor_options:
             return [f"execution.executor_options: executor {name!r} takes no options"]
