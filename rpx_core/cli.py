@@ -114,7 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                           observer=console, execution=overrides, resume=args.resume)
     console.finished(output, result.ok)
     if console.mode in ("live", "plain"):
-        print_tables(result)
+        print_tables(result, plugins.stages(spec.choose).in_load_order())
     if console.mode != "jsonl":
         print(f"results: {output}")
     return EXIT_OK if result.ok else EXIT_STAGE_FAILED
@@ -179,9 +179,11 @@ def cmd_backends(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
-    for row in rows:
-        mark = "available" if row["available"] else "unavailable"
-        print(f"{row['name']:<8} {mark:<12} {','.join(row['precisions']):<22} {row['reason']}")
+    cells = [(row["name"], "available" if row["available"] else "unavailable", ",".join(row["precisions"]),
+              row["reason"]) for row in rows]
+    widths = [max((len(cell[index]) for cell in cells), default=0) for index in range(3)]
+    for cell in cells:
+        print("  ".join(text.ljust(width) for text, width in zip(cell, widths)) + "  " + cell[3])
     return EXIT_OK
 
 

@@ -89,3 +89,13 @@ def test_the_layout_names_every_folder_of_the_tree():
     assert [str(path.relative_to(REPO)) for path in tree if path.resolve() not in named] == []
     public = ["plugin.py", "registry/hookspecs.py", "registry/stages.py", "testing.py"]
     assert all((REPO / "rpx_core" / name).resolve() in named for name in public)
+
+
+def test_the_first_command_describes_what_the_default_spec_runs():
+    """The newcomer's first command says what the default spec does: every tier it runs, measured latency included."""
+    import tomllib
+
+    stages = tomllib.loads((REPO / "specs" / "default.toml").read_text())["stages"]
+    sentence = readme_section("## Two commands").split("```")[0]
+    assert ("measured latency" in sentence) == ("measure_latency" in stages)
+    assert ("rooflines" in sentence) == ("roofline" in stages) and "system card" in sentence

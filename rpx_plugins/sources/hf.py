@@ -13,8 +13,11 @@ Overrides are checked before anything runs, against the configuration class read
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,9 @@ from rpx_plugins.sources.hf_config import config_fields, override_problems
 
 SCHEME = "hf"
 INSTALL = "pip install 'rpx[hf]' (transformers; weights are never downloaded, only the configuration is read)"
+#: Seconds to wait for the hub to answer before calling it unreachable (the hub client's own retries take about a
+#: minute to give up without a network).
+HUB_TIMEOUT = 1.5
 
 
 def is_local(target: str) -> bool:
@@ -43,10 +49,16 @@ class BuildOptions:
 
 def check(target: str, config: Mapping[str, Any]) -> list[str]:
     if not is_local(target):
-        if os.environ.get("HF_HUB_OFFLINE") == "1" and cached_config(target) is None:
+        if cached_config(target) is not None:
+            return config_problems(target, config)
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
             return [f"{target!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 keeps rpx off the hub "
                     "(give a folder holding config.json, or go online once)"]
-        return config_problems(target, config)
+        if not hub_reachable():
+            return [f"{target!r} is not in the local Hugging Face cache and the hub ({hub_endpoint()}) cannot be reached "
+                    f"from here: give a folder holding its config.json (hf:./folder), or go online once "
+                    "(HF_HUB_OFFLINE=1 uses the cache alone)"]
+        return []
     folder = Path(target).expanduser()
     if not folder.is_dir():
         return [f"no such folder {str(folder.resolve())!r} (a local hf: model is a folder holding config.json)"]
@@ -67,6 +79,24 @@ def config_problems(target: str, config: Mapping[str, Any]) -> list[str]:
         return problems
     folder = Path(target).expanduser() if is_local(target) else None
     return problems + override_problems(config, config_fields(known, folder), known)
+
+
+def hub_endpoint() -> str:
+    """The hub's address, as the Hugging Face client reaches it (``HF_ENDPOINT``, else huggingface.co)."""
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+@functools.cache
+def hub_reachable() -> bool:
+    """Whether the hub answers an HTTP request within HUB_TIMEOUT seconds (asked once per process; any HTTP status
+    is an answer), so a machine without a network fails in a second instead of after the hub client's retries."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(hub_endpoint(), method="HEAD"), timeout=HUB_TIMEOUT).close()
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):  # no route, refused, timed out, a TLS failure, a malformed address
+        return False
+    return True
 
 
 def known_config(target: str) -> dict[str, Any] | None:
@@ -118,9 +148,12 @@ def build(target: str, config: Mapping[str, Any], *, auto_class: str = "AutoMode
         raise RpxError(f"kwargs.trust_remote_code: expected true or false, got {type(trust_remote_code).__name__} "
                        f"{trust_remote_code!r}")
     transformers = import_or_explain("transformers", SCHEME, INSTALL)
-    location = str(Path(target).expanduser()) if is_local(target) else target
+    local = is_local(target)
+    location = str(Path(target).expanduser()) if local else target
+    offline = not local and (os.environ.get("HF_HUB_OFFLINE") == "1" or not hub_reachable())
     try:
-        configuration = transformers.AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
+        configuration = transformers.AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code,
+                                                                local_files_only=offline)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         custom = "auto_map" in (known_config(target) or {}) and not trust_remote_code
