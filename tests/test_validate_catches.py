@@ -133,3 +133,35 @@ def test_a_named_models_overrides_and_kwargs_are_checked_against_its_configurati
         "models[0].kwargs.trust_remote_code: expected true or false, got str 'false'",
         "models[0].kwargs: unknown key 'auto_clas'; did you mean 'auto_class'?",
     ]
+
+
+def test_a_stage_check_gets_the_gpu_catalogue_and_a_broken_check_is_a_line_naming_its_plugin():
+    import types
+
+    from rpx_core.plugin import Stage, hookimpl
+    from rpx_core.registry.manager import Plugins
+    from rpx_core.spec.plan import plan_with_problems
+    from rpx_core.spec.schema import spec_from_dict
+
+    seen = []
+
+    def needs_an_h100(spec, options, gpus):  # resolves names and aliases as rpx does
+        seen.extend(gpus.get(name).name for name in spec.gpus)
+        if "H100-SXM" not in seen:
+            yield "gpus: the h100_only stage needs an H100-SXM"
+
+    def broken(spec, options):  # a check written for two arguments is called with two
+        raise KeyError("oops")
+
+    @hookimpl
+    def rpx_register_stages():
+        return [Stage("h100_only", "needs an H100", check=needs_an_h100), Stage("broken", "raises", check=broken)]
+
+    plugins = Plugins.load()
+    plugins.register(types.SimpleNamespace(rpx_register_stages=rpx_register_stages), "checks")
+    model = {"name": "lin", "source": "torch.nn:Linear", "kwargs": {"in_features": 4, "out_features": 2},
+             "inputs": [{"shape": [1, 4]}]}
+    spec = spec_from_dict({"models": [model], "stages": ["h100_only", "broken"], "gpus": ["NVIDIA H100 80GB HBM3"]})
+    _, problems = plan_with_problems(spec, plugins, where="s.toml")
+    assert seen == ["H100-SXM"]  # the alias a CUDA device reports, resolved by the catalogue
+    assert problems == ["s.toml: stages: the check of stage 'broken' (plugin 'checks') raised KeyError: 'oops'"]

@@ -17,7 +17,7 @@ from rpx_core.registry.backends import Backend
 from rpx_core.registry.gpus import GPUCatalog
 from rpx_core.registry.manager import Plugins, Registry
 from rpx_core.registry.sources import ModelSource, findable, resolve_inputs, resolve_target
-from rpx_core.registry.stages import Stage, resolve_order
+from rpx_core.registry.stages import Stage, check_problems, resolve_order
 from rpx_core.spec.schema import ModelSpec, Spec
 from rpx_core.spec.sweep import expand, sweep_problems
 
@@ -83,7 +83,7 @@ def plan_with_problems(spec: Spec, plugins: Plugins, *, where: str = "<spec>",
     catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose)
     problems += catalog.problems  # packs that do not load (every problem of each), [choose.gpus] naming no GPU
     checkable = [name for name in order if registry[name].options is None or name in options]  # options understood
-    problems += stage_problems(spec, registry, checkable, options)
+    problems += stage_problems(spec, registry, checkable, options, catalog)
     if backend is not None:
         problems += precision_problems(spec, backend, registry, checkable, options)
     problems += gpu_problems(spec, catalog)
@@ -214,9 +214,11 @@ def scope_problems(order: list[str], registry: Registry[Stage]) -> list[str]:
     return problems
 
 
-def stage_problems(spec: Spec, registry: Registry[Stage], order: list[str], options: dict[str, Any]) -> list[str]:
+def stage_problems(spec: Spec, registry: Registry[Stage], order: list[str], options: dict[str, Any],
+                   catalog: GPUCatalog) -> list[str]:
     """What each stage's own ``check`` finds in the spec before anything runs."""
-    return [problem for name in order for problem in registry[name].check(spec, options.get(name))]
+    return [problem for name in order
+            for problem in check_problems(registry[name], spec, options.get(name), catalog, registry.provider(name))]
 
 
 def precision_problems(spec: Spec, backend: Backend, registry: Registry[Stage], order: list[str],
