@@ -12,10 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 from rpx_core.api import load_results, run_spec
-from rpx_core.errors import PluginError, SpecError
+from rpx_core.errors import PluginError, RpxError, SpecError
 from rpx_core.registry.manager import Plugins
 from rpx_core.spec.schema import spec_from_dict
 from rpx_core.testing import make_context, run_stage
@@ -365,3 +366,37 @@ def test_importing_the_public_surface_imports_no_plugin():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_call_next_gives_the_answer_of_the_plugins_after_this_one():
+    import types
+
+    from rpx_core.plugin import ParamsResult, call_next, hookimpl
+
+    @hookimpl
+    def rpx_count_params(ctx):
+        built_in = call_next(ctx)  # the torch count, then one figure adjusted
+        return attrs.evolve(built_in, bytes_at_precision=built_in.bytes_at_precision * 2)
+
+    plugins = Plugins.load()
+    plugins.register(types.SimpleNamespace(rpx_count_params=rpx_count_params), "doubler")
+    ctx = make_context(torch_linear(), inputs=[(1, 16)], stages=["count_params"], plugins=plugins)
+    params = run_stage("count_params", ctx)
+    assert isinstance(params, ParamsResult) and params.total == 136 and params.bytes_at_precision == 2 * 136 * 4
+    with pytest.raises(RpxError, match=r"call_next\(ctx\) is for a stage hook's body"):
+        call_next(ctx)
+
+
+def test_the_cost_table_prices_an_operation_by_name():
+    from rpx_core.plugin import cost_table
+
+    assert (cost_table.per_element("mul"), cost_table.per_element("sigmoid"), cost_table.per_element("_softmax")) == (
+        1, 4, cost_table.SOFTMAX)
+    with pytest.raises(KeyError, match="no operation 'mull'; did you mean 'mul'"):
+        cost_table.per_element("mull")
+
+
+def torch_linear():
+    import torch
+
+    return torch.nn.Linear(16, 8)

@@ -17,6 +17,7 @@ Call order of a stage hook: third-party plugins in alphabetical order of their n
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import importlib.metadata
 import inspect
@@ -451,23 +452,48 @@ class Plugins:
 
     # -- stage hooks ---------------------------------------------------------------------------------------------------
 
-    def call_stage(self, stage: Stage, ctx: Any) -> tuple[Any, str | None]:
-        """Ask plugins in call order to run ``stage``; return the first non-None result and the plugin that produced
-        it (recorded with the result, so every figure names its source). An implementation that raises is re-raised
-        as StageHookError naming its plugin."""
+    def call_stage(self, stage: Stage, ctx: Any, *, after: str | None = None) -> tuple[Any, str | None]:
+        """Ask plugins in call order to run ``stage`` (those after plugin ``after``, when given: see
+        :func:`call_next`); return the first non-None result and the plugin that produced it (recorded with the
+        result, so every figure names its source). An implementation that raises is re-raised as StageHookError
+        naming its plugin."""
         trace = os.environ.get(TRACE_ENV) == "1"
-        for impl in _implementations(getattr(self._pm.hook, stage.hook)):
+        implementations = _implementations(getattr(self._pm.hook, stage.hook))
+        if after is not None:
+            names = [impl.plugin_name for impl in implementations]
+            implementations = implementations[names.index(after) + 1:] if after in names else []
+        for impl in implementations:
+            answering = _ANSWERING.set((stage, impl.plugin_name))
             try:
                 result = impl.function(**{name: ctx for name in impl.argnames})
+            except StageHookError:
+                raise  # a later plugin asked through call_next: it names itself
             except Exception as exc:
                 if trace:
                     print(f"rpx: hook {stage.hook} [{impl.plugin_name}] raised {type(exc).__name__}", file=sys.stderr)
                 raise StageHookError(impl.plugin_name, exc) from exc
+            finally:
+                _ANSWERING.reset(answering)
             if trace:
                 print(f"rpx: hook {stage.hook} [{impl.plugin_name}] -> {type(result).__name__}", file=sys.stderr)
             if result is not None:
                 return result, impl.plugin_name
         return None, None
+
+
+#: The stage hook this thread is in, and the plugin answering it: where :func:`call_next` continues.
+_ANSWERING: contextvars.ContextVar[tuple[Stage, str] | None] = contextvars.ContextVar("rpx_answering", default=None)
+
+
+def call_next(ctx: Any) -> Any:
+    """Inside a stage hook: the answer of the plugins asked after this one, in hook order, or None when none of them
+    answers. An override of a built-in stage gets the built-in result this way and adjusts a figure of it (its
+    plugin stays the stage's ``provided_by``: the figures are its answer)."""
+    answering = _ANSWERING.get()
+    if answering is None:
+        raise RpxError("call_next(ctx) is for a stage hook's body: no stage hook is being answered here")
+    stage, plugin = answering
+    return ctx.plugins.call_stage(stage, ctx, after=plugin)[0]
 
 
 def _implementations(hook: Any) -> list[Any]:
