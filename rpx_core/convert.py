@@ -49,11 +49,11 @@ def _reporting_every_problem(cls: type, converter: cattrs.Converter) -> Callable
     fast = cattrs.gen.make_dict_structure_fn(cls, converter)
 
     def structure(data: Any, type_: type) -> Any:
+        if not isinstance(data, Mapping):
+            raise TypeError(f"expected a table, got {type(data).__name__} {data!r}")
         try:
             return fast(data, type_)
         except (cattrs.BaseValidationError, ValueError, TypeError) as error:
-            if not isinstance(data, Mapping):
-                raise TypeError(f"expected a table, got {type(data).__name__} {data!r}") from None
             raise _every_problem(cls, data, converter) or error from None
 
     return structure
@@ -316,6 +316,8 @@ def _format_exception(exc: BaseException, type_: Any) -> str:
         return f"expected one of {', '.join(map(repr, choices))}" + (f", got {value!r}{hint}" if hint or value else "")
     if isinstance(exc, (ValueError, TypeError)) and exc.args and isinstance(exc.args[0], str):
         return exc.args[0]
+    if typing.get_origin(type_) in (dict, Mapping) or type_ is dict:
+        return "expected a table"
     type_name = getattr(type_, "__name__", None) or str(type_).replace("typing.", "")
     return f"invalid value, expected {type_name}"
 
