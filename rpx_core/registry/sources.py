@@ -219,6 +219,9 @@ def parse_shape(text: str, what: str = "--input") -> tuple[int, ...]:
         shape = tuple(int(part) for part in parts)
     except ValueError:
         raise RpxError(f"{what}: {text!r} is not a shape; write dimensions separated by 'x', e.g. 1x128") from None
-    if any(dim < 1 for dim in shape):
-        raise RpxError(f"{what}: {text!r}: every dimension must be >= 1")
+    from rpx_core.convert import dimension_problem
+
+    problem = next((found for dim in shape if (found := dimension_problem(dim))), None)
+    if problem:
+        raise RpxError(f"{what}: {text!r}: every dimension {problem}")
     return shape

@@ -114,7 +114,7 @@ def plan_with_problems(spec: Spec, plugins: Plugins, *, where: str = "<spec>",
             gpus=spec.gpus,
             batch_sizes=spec.batch_sizes,
             coordinates=point.coordinates,
-            machine=point.machine,
+            machine=canonical_gpu(catalog, point.machine),
         )
         for point in expand(spec.sweep, models, spec.precision, spec.backend)
     )
@@ -266,6 +266,17 @@ def gpu_problems(spec: Spec, catalog: GPUCatalog) -> list[str]:
         except RpxError as exc:
             problems.append(f"gpus[{index}]: {exc}")
     return problems
+
+
+def canonical_gpu(catalog: GPUCatalog, name: str | None) -> str | None:
+    """The GPU's canonical name for a name or alias a spec wrote (what executors place jobs by); as written when the
+    catalogue cannot resolve it (already reported)."""
+    if name is None:
+        return None
+    try:
+        return catalog.get(name).name
+    except RpxError:
+        return name
 
 
 def gpu_pack_paths(spec: Spec) -> list[Path]:
