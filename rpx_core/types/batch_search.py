@@ -24,6 +24,7 @@ import attrs
 
 from rpx_core import convert
 from rpx_core.registry.backends import MemoryPeak
+from rpx_core.spec.limits import seconds_validator
 
 Failure = Literal["oom", "over_budget"]
 #: Units of memory amounts: decimal (1 GB = 1e9 bytes) and binary (1 GiB = 2**30 bytes); case-insensitive.
@@ -149,7 +150,7 @@ class BatchSearchOptions:
     #: The largest batch size tried for any stage.
     max_batch: int = attrs.field(default=256, validator=convert.batch_size)
     #: Timed seconds per stage per trial (back-to-back calls until this much time passed; at least one call).
-    trial_seconds: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
+    trial_seconds: float = attrs.field(default=1.0, validator=seconds_validator())
     #: Stop growing a stage when doubling its batch size raised its throughput by less than this fraction;
     #: 0 disables the stop (each stage grows to its memory limit or max_batch).
     gain_threshold: float = attrs.field(default=0.05, validator=_fraction_below_one)
