@@ -123,13 +123,13 @@ def test_a_named_models_overrides_and_kwargs_are_checked_against_its_configurati
         name = "g"
         source = "hf:./gpt2"
         input_shape = [1, 8]
-        config = { vocab_size = "abc", n_layr = 2, n_head = "two", num_hidden_layers = 1, resid_pdrop = 0 }
+        config = { vocab_size = "abc", n_layr = 2, n_layer = "two", num_hidden_layers = 1, resid_pdrop = 0 }
         kwargs = { trust_remote_code = "false", auto_clas = "AutoModel" }
         """.replace("\n        ", "\n"))
     assert lines == [
         "models[0].config.vocab_size: expected int, got str 'abc'",
         "models[0].config.n_layr: GPT2Config has no attribute 'n_layr'; did you mean 'n_layer'?",
-        "models[0].config.n_head: expected int, got str 'two'",
+        "models[0].config.n_layer: expected int, got str 'two'",
         "models[0].kwargs.trust_remote_code: expected true or false, got str 'false'",
         "models[0].kwargs: unknown key 'auto_clas'; did you mean 'auto_class'?",
     ]
