@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     backends = command("backends", "list backends and whether they are available here")
     backends.add_argument("--json", action="store_true")
+    backends.add_argument("--refresh", action="store_true",
+                          help="probe every backend now (default: reuse answers up to 10 minutes old while the "
+                               "installed packages, plugins, drivers and device variables are unchanged)")
     backends.set_defaults(handler=cmd_backends)
 
     for module in (gpus_command, init_command, profile_command, show_command, compare_command, plot_command,
@@ -169,13 +172,19 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    registry = load_plugins(args).backends()
+    """Availability from a short-lived probing process, reused up to 10 minutes while nothing it depends on changed
+    (rpx_core.registry.availability): listing backends imports no framework into this process."""
+    from rpx_core.registry.availability import listed_availability
+
+    plugins = load_plugins(args)
+    registry = plugins.backends()
+    found, age = listed_availability(plugins, registry, refresh=args.refresh)
     rows = []
     for name, backend in sorted(registry.unambiguous().items()):
-        availability = backend.availability
+        availability = found[name]
         rows.append({"name": name, "available": availability.available, "reason": availability.reason,
                      "framework": backend.framework, "precisions": list(backend.precisions),
-                     "plugin": registry.provider(name)})
+                     "plugin": registry.provider(name), "probed_seconds_ago": round(age, 1)})
     for name, providers in registry.clashes().items():
         rows.append({"name": name, "available": False, "reason": f"registered by {', '.join(providers)}: choose one "
                      "with [choose.backends]", "framework": None, "precisions": [], "plugin": None})
@@ -187,6 +196,8 @@ def cmd_backends(args: argparse.Namespace) -> int:
     widths = [max((len(cell[index]) for cell in cells), default=0) for index in range(3)]
     for cell in cells:
         print("  ".join(text.ljust(width) for text, width in zip(cell, widths)) + "  " + cell[3])
+    if age:
+        print(f"\n(probed {age:.0f} s ago; `rpx backends --refresh` probes now)")
     return EXIT_OK
 
 

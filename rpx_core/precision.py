@@ -52,14 +52,17 @@ class UnknownPrecisionError(RpxError):
     """The precision is not one rpx knows (see PRECISIONS)."""
 
 
+def unknown_precision(name: str) -> str:
+    """What to say about a precision name rpx does not know: the known ones, the closest first."""
+    return f"unknown precision {name!r} (known: {', '.join(PRECISIONS)}){did_you_mean(name, PRECISIONS)}"
+
+
 def get_precision(name: str) -> Precision:
     """The precision called ``name``; UnknownPrecisionError with the closest known name otherwise."""
     try:
         return PRECISIONS[name]
     except KeyError:
-        raise UnknownPrecisionError(
-            f"unknown precision {name!r} (known: {', '.join(PRECISIONS)}){did_you_mean(name, PRECISIONS)}"
-        ) from None
+        raise UnknownPrecisionError(unknown_precision(name)) from None
 
 
 def check_precision(name: str) -> str:

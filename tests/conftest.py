@@ -6,12 +6,15 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+#: rpx's caches (``rpx backends``' availability) go to a folder of the test session, never the user's home.
+os.environ.setdefault("RPX_CACHE_DIR", tempfile.mkdtemp(prefix="rpx-test-cache-"))
 EXAMPLE_PLUGIN = REPO / "examples" / "rpx-example-plugin"
 
 

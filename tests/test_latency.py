@@ -182,13 +182,13 @@ def test_noise_warning_names_the_spread():
 def test_options_are_validated():
     with pytest.raises(ValueError, match="'min_samples' must be > 0: 0"):
         LatencyOptions(min_samples=0)
-    with pytest.raises(ValueError, match="'warmup_seconds' must be >= 0: -1"):
+    with pytest.raises(ValueError, match="must be >= 0: -1"):
         LatencyOptions(warmup_seconds=-1)
     where = {"where": "s.toml", "base_path": "options.measure_latency"}
     assert structure({"min_samples": 130, "keep_samples": True}, LatencyOptions, **where) == LatencyOptions(min_samples=130, keep_samples=True)
     with pytest.raises(SpecError, match="options.measure_latency: unknown key 'min_sample'; did you mean 'min_samples'"):
         structure({"min_sample": 130}, LatencyOptions, **where)
-    with pytest.raises(SpecError, match="options.measure_latency: .*'max_seconds' must be > 0: 0"):
+    with pytest.raises(SpecError, match="options.measure_latency.max_seconds: must be > 0: 0"):
         structure({"max_seconds": 0}, LatencyOptions, **where)
 
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import attrs
 
+from rpx_core import convert
 from rpx_core.convert import converter, structure
 from rpx_core.errors import SpecError
 from rpx_core.precision import PrecisionName
@@ -28,16 +29,11 @@ FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 Dtype = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
 
 
-def _non_negative_dims(_: Any, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:
-    if any(dim < 1 for dim in value):
-        raise ValueError(f"every dimension must be >= 1 (a tensor with a zero dimension runs no work), got {list(value)}")
-
-
 @attrs.frozen
 class InputSpec:
     """One model input: a tensor of ``shape`` and ``dtype``. Integer inputs (token ids) are drawn from [0, high)."""
 
-    shape: tuple[int, ...] = attrs.field(validator=_non_negative_dims)
+    shape: tuple[int, ...] = attrs.field(validator=convert.shape)
     dtype: Dtype = "float32"
     name: str | None = None  # pass as this keyword argument instead of positionally
     high: int | None = None  # exclusive upper bound of integer values (e.g. the vocabulary size)
@@ -68,7 +64,7 @@ class ModelSpec:
     meta_only: bool = False
     #: The input shape as the model's source reads it (``hf:``: batch x sequence of token ids); for an import path,
     #: one floating tensor of this shape. Instead of ``inputs``.
-    input_shape: tuple[int, ...] | None = None
+    input_shape: tuple[int, ...] | None = attrs.field(default=None, validator=convert.shape)
     #: Configuration overrides for a named model (``hf:``: attributes of its AutoConfig, e.g. num_hidden_layers).
     config: dict[str, Any] = attrs.Factory(dict)
     #: Free text kept with the model's results (what it is, where it is served, caveats).
@@ -101,9 +97,9 @@ class Sweep:
     given multiplies the jobs."""
 
     models: tuple[str, ...] = ()  # names of the [[models]] entries the sweep runs; default: every model
-    batch_size: tuple[int, ...] = ()
-    seq_len: tuple[int, ...] = ()
-    resolution: tuple[int, ...] = ()
+    batch_size: tuple[int, ...] = attrs.field(default=(), validator=convert.batch_sizes)
+    seq_len: tuple[int, ...] = attrs.field(default=(), validator=convert.batch_sizes)
+    resolution: tuple[int, ...] = attrs.field(default=(), validator=convert.batch_sizes)
     precision: tuple[PrecisionName, ...] = ()
     backend: tuple[str, ...] = ()
     #: GPU models the measured stages run on (a cluster executor places each job on a node with that GPU).
@@ -134,7 +130,9 @@ class Spec:
     backend: str = "cpu"
     device: str | None = None  # e.g. "cuda:1"; default: the backend's default device
     precision: PrecisionName = "fp32"
-    batch_sizes: tuple[int, ...] = (1,)  # throughput is measured at each; latency always at batch 1
+    #: Throughput is measured at each; latency always at batch 1.
+    batch_sizes: tuple[int, ...] = attrs.field(default=(1,), validator=convert.each(
+        convert.dimension_problem, at_least_one="at least one batch size is required"))
     gpus: tuple[str, ...] = ()  # GPU names to compute rooflines for; ["all"] for every known GPU
     gpu_packs: tuple[str, ...] = ()  # extra GPU pack TOML files
     #: Results file, relative to the working directory; ``{name}`` is the spec name; the suffix picks TOML or JSON.
@@ -293,8 +291,6 @@ def _check_semantics(spec: Spec, where: str) -> list[str]:
         elif len(given) > 1:
             made = " (the factory makes every input)" if "input_factory" in given else ""
             problems.append(f"models[{index}]: give {' or '.join(given)}, not both{made}")
-        if model.input_shape is not None and (not model.input_shape or any(dim < 1 for dim in model.input_shape)):
-            problems.append(f"models[{index}].input_shape: every dimension must be >= 1, got {list(model.input_shape)}")
         input_names = [spec_input.name for spec_input in model.inputs if spec_input.name is not None]
         for position, spec_input in enumerate(model.inputs):
             if spec_input.batch_dim is not None and spec_input.batch_dim >= len(spec_input.shape):
@@ -310,10 +306,6 @@ def _check_semantics(spec: Spec, where: str) -> list[str]:
         spec.output.format(name=spec.name)
     except (KeyError, IndexError, ValueError) as exc:
         problems.append(f"output: {spec.output!r} is not a valid template (only {{name}} is filled in): {exc!r}")
-    if any(size < 1 for size in spec.batch_sizes):
-        problems.append("batch_sizes: every batch size must be >= 1")
-    if not spec.batch_sizes:
-        problems.append("batch_sizes: at least one batch size is required")
     if spec.execution.stage_timeout > spec.execution.job_timeout:
         problems.append(f"execution.stage_timeout: {spec.execution.stage_timeout:g} s is longer than the job_timeout "
                         f"({spec.execution.job_timeout:g} s) that bounds all of a job's stages")

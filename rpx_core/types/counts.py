@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 import attrs
 
+from rpx_core import convert
+
 #: The ``module`` of ops that ran outside every submodule, in the top-level model's own forward.
 ROOT_MODULE = "(root)"
 #: The ``module`` of ops that ran during the backward pass (autograd runs outside module forwards).
@@ -185,7 +187,7 @@ class CountOptions:
     mode: str = attrs.field(default="eval", validator=_one_of("eval", "train"))
     backward: bool = False  # count forward + backward (gradient of the summed outputs) instead of forward only
     #: Batch size of the counted pass; None counts the inputs as the spec writes them (an input_factory gets 1).
-    batch_size: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
+    batch_size: int | None = attrs.field(default=None, validator=convert.batch_size)
     top_k: int = attrs.field(default=20, validator=attrs.validators.ge(1))  # operators/modules listed; the rest folded
     module_depth: int = attrs.field(default=3, validator=attrs.validators.ge(1))  # deeper module paths fold into ancestors
     #: How the backward of a fused attention kernel (flash, efficient, cuDNN, CPU flash) is counted, with backward:

@@ -28,6 +28,7 @@ from rpx_core.plugin import (
 )
 from rpx_plugins.host_memory import raised_for
 from rpx_plugins.torch.backend import TorchBackend
+from rpx_plugins.torch.build import torch_build
 
 #: Messages of CUDA out-of-memory errors that reach us as plain RuntimeErrors: the runtime's own, and the CUDA
 #: libraries' failures to allocate their handles and workspaces (cuBLAS, cuDNN, cuFFT, cuSOLVER, cuSPARSE status
@@ -251,6 +252,9 @@ class CudaBackend(TorchBackend):
     def probe(self) -> Availability:
         if importlib.util.find_spec("torch") is None:
             return Availability(False, "torch is not installed")
+        build = torch_build()  # read without importing torch: a build without CUDA needs no import to say so
+        if build is not None and build.cuda is None:
+            return Availability(False, f"CUDA build not installed (torch {build.version} was built without CUDA)")
         import torch
 
         if torch.version.cuda is None:
