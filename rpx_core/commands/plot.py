@@ -16,14 +16,19 @@ def register(command: Any) -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
+    from rpx_core.commands.common import checked_output, load_plugins
     from rpx_core.commands.common import load_results as load
     from rpx_core.errors import RpxError
+    from rpx_core.results.safe_write import Input
     from rpx_core.show import charts
+    from rpx_core.show.text import echo
 
     output = Path(args.output)
     if output.suffix.lower() not in (".png", ".svg"):
         raise RpxError(f"{output}: the chart file must end in .png or .svg")
+    read = [Input(Path(args.results), "the results file the chart shows")]
+    inputs = checked_output(output, load_plugins(args, tolerant=True), read)
     figure = charts.figure_for(load(args.results), args.kind)
-    charts.save(figure, output)
-    print(f"chart: {output}")
+    charts.save(figure, output, inputs)
+    echo(f"chart: {output}")
     return 0

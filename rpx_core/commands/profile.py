@@ -33,8 +33,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from rpx_core.commands.common import load_plugins
     from rpx_core.exit_codes import ExitCode
     from rpx_core.registry.sources import parse_shape
-    from rpx_core.results.safe_write import atomic_write
+    from rpx_core.results.safe_write import Input, atomic_write, check_output
     from rpx_core.show.console import RunConsole, choose_mode, print_tables
+    from rpx_core.show.text import echo
+    from rpx_core.spec.inputs import spec_inputs
     from rpx_core.spec.schema import spec_from_dict
     from rpx_core.spec.starter import relocate, render, spec_data
 
@@ -45,14 +47,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
         data["output"] = args.output
     plugins = load_plugins(args)
     spec = spec_from_dict(data, where="rpx profile", base_dir=".")
-    if args.save_spec:
-        saved = Path(args.save_spec)
-        atomic_write(saved, render(relocate(data, saved.parent)))
-        print(f"spec: {saved}")
     output = spec.output_path()
+    if args.save_spec:  # both files checked before either is written; the run checks its output again
+        saved = Path(args.save_spec)
+        inputs = spec_inputs(spec, plugins)
+        check_output(output, [*inputs, Input(saved, "the spec --save-spec writes")])
+        check_output(saved, [*inputs, Input(output, "the results file of this run")])
+        atomic_write(saved, render(relocate(data, saved.parent)), inputs)
+        echo(f"spec: {saved}")
     with RunConsole(choose_mode(quiet=False, events=None)) as console:
         result = run_spec(spec, output=output, plugins=plugins, stages=stages, observer=console, where="rpx profile")
     print_tables(result)
-    print(f"results: {output}")
+    echo(f"results: {output}")
     return ExitCode.OK if result.ok else ExitCode.FAILED
 

@@ -15,15 +15,19 @@ def register(command: Any) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from rpx_core.commands.common import checked_output, load_plugins
     from rpx_core.commands.common import load_results as load
     from rpx_core.errors import RpxError
-    from rpx_core.results.safe_write import atomic_write
+    from rpx_core.results.safe_write import Input, atomic_write
     from rpx_core.show import report
+    from rpx_core.show.text import echo
 
     output = Path(args.output)
     if output.suffix.lower() not in (".html", ".htm"):
         raise RpxError(f"{output}: the report file must end in .html")
+    read = [Input(Path(path), "a results file the report shows") for path in args.results]
+    inputs = checked_output(output, load_plugins(args, tolerant=True), read)
     html = report.render([(path, load(path)) for path in args.results])
-    atomic_write(output, html)
-    print(f"report: {output}")
+    atomic_write(output, html, inputs)
+    echo(f"report: {output}")
     return 0

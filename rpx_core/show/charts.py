@@ -11,10 +11,12 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from rpx_core.errors import RpxError
+from rpx_core.results.safe_write import Input, atomic_write
 from rpx_core.show.tables import ok_result
 
 KINDS = ("roofline", "batch")
@@ -152,13 +154,15 @@ def figure_for(run: Any, kind: str) -> Any:
     return roofline_figure(run) if kind == "roofline" else batch_figure(run)
 
 
-def save(figure: Any, path: Path) -> None:
-    """PNG or SVG by the suffix."""
+def save(figure: Any, path: Path, inputs: Iterable[Input] = ()) -> None:
+    """PNG or SVG by the suffix, written atomically and never over one of ``inputs`` (rpx_core.results.safe_write)."""
     suffix = path.suffix.lower()
     if suffix not in (".png", ".svg"):
         raise RpxError(f"{path}: the chart file must end in .png or .svg")
-    figure.savefig(path, dpi=120)
+    out = io.BytesIO()
+    figure.savefig(out, format=suffix[1:], dpi=120)
     pyplot().close(figure)
+    atomic_write(path, out.getvalue(), inputs)
 
 
 def svg_text(figure: Any) -> str:
