@@ -29,6 +29,7 @@ def pyplot() -> Any:
     except ImportError:
         raise RpxError("charts need matplotlib: pip install 'rpx[plot]'") from None
     matplotlib.use("Agg")  # files only: no display, no GUI toolkit
+    matplotlib.rcParams["text.parse_math"] = False  # names are text: a model named "budget_$1_$2" is no formula
     import matplotlib.pyplot as plt
 
     return plt
