@@ -1,5 +1,5 @@
-"""What every command shares: loading the plugins as the command line asks, loading a results file, and checking a
-file a command is about to write."""
+"""What every command shares: loading the plugins as the command line asks, a results file with the stage
+declarations that say how to show it, and checking a file a command is about to write."""
 
 from __future__ import annotations
 
@@ -16,11 +16,16 @@ def load_plugins(args: argparse.Namespace, *, tolerant: bool = False):
                         tolerant=tolerant)
 
 
-def load_results(path: str) -> Any:
+def declared_stages(plugins: Any) -> dict[str, Any]:
+    """Every stage declaration a command may show, in the order plugins loaded (built-ins first)."""
+    return plugins.stages().in_load_order()
+
+
+def load_results(path: str, plugins: Any) -> Any:
     """A results file with each stage's result as its declared type; a missing or foreign file is one line."""
     from rpx_core.api import load_results as load
 
-    return load(Path(path))
+    return load(Path(path), plugins=plugins)
 
 
 def checked_output(path: Path, plugins: Any, read: Iterable[Any] = ()) -> list[Any]:

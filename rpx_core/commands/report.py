@@ -15,8 +15,7 @@ def register(command: Any) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rpx_core.commands.common import checked_output, load_plugins
-    from rpx_core.commands.common import load_results as load
+    from rpx_core.commands.common import checked_output, declared_stages, load_plugins, load_results
     from rpx_core.errors import RpxError
     from rpx_core.results.safe_write import Input, atomic_write
     from rpx_core.show import report
@@ -25,9 +24,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     output = Path(args.output)
     if output.suffix.lower() not in (".html", ".htm"):
         raise RpxError(f"{output}: the report file must end in .html")
+    plugins = load_plugins(args, tolerant=True)
     read = [Input(Path(path), "a results file the report shows") for path in args.results]
-    inputs = checked_output(output, load_plugins(args, tolerant=True), read)
-    html = report.render([(path, load(path)) for path in args.results])
+    inputs = checked_output(output, plugins, read)
+    html = report.render([(path, load_results(path, plugins)) for path in args.results], declared_stages(plugins))
     atomic_write(output, html, inputs)
     echo(f"report: {output}")
     return 0

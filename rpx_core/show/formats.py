@@ -35,7 +35,7 @@ def terminal(tables: Sequence[Table], footer: Sequence[str], file: TextIO) -> No
     for table in tables:
         drawn = RichTable(title=text(table.title), box=box.SIMPLE_HEAD, title_justify="left", title_style="bold")
         for index, column in enumerate(table.columns):
-            drawn.add_column(text(column), justify="left" if _is_text(table, index) else "right")
+            drawn.add_column(text(column.title), justify="left" if _is_text(table, index) else "right")
         for row in table.rows:
             drawn.add_row(*(text(cell.text) for cell in row))
         console.print(drawn)
@@ -57,7 +57,7 @@ def markdown(tables: Sequence[Table], footer: Sequence[str]) -> str:
     """GitHub-flavoured pipe tables, each under a heading, notes as a list."""
     parts = []
     for table in tables:
-        lines = [f"### {shown(table.title)}", "", _md_row(table.columns),
+        lines = [f"### {shown(table.title)}", "", _md_row(column.title for column in table.columns),
                  "|" + "|".join("---" if _is_text(table, i) else "---:" for i in range(len(table.columns))) + "|"]
         lines += [_md_row(cell.text for cell in row) for row in table.rows]
         lines += [""] + [f"- {shown(note)}" for note in table.notes] if table.notes else []
@@ -75,7 +75,7 @@ def csv_text(table: Table) -> str:
     """One table as CSV: raw figures (unit in the column name), the absent ones empty."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(shown(column) for column in table.columns)
+    writer.writerow([shown(column.raw_title) for column in table.columns])
     for row in table.rows:
         writer.writerow(["" if cell.value is None else _csv_value(cell.value) for cell in row])
     return out.getvalue()
@@ -89,7 +89,7 @@ def _csv_value(value: Any) -> Any:
 
 def json_text(tables: Sequence[Table], footer: Sequence[str]) -> str:
     """Every table as ``{name: {title, columns, rows (raw values), notes}}`` plus the footer lines."""
-    data = {table.name: {"title": table.title, "columns": list(table.columns),
+    data = {table.name: {"title": table.title, "columns": [column.raw_title for column in table.columns],
                          "rows": [[cell.value for cell in row] for row in table.rows], "notes": list(table.notes)}
             for table in tables}
     return json.dumps({"tables": data, "footer": list(footer)}, indent=2)
