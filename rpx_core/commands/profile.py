@@ -35,17 +35,26 @@ ARGUMENTS = (("models[0].source", "MODEL"), ("models[0].input_shape", "--input")
 
 
 def in_own_terms(message: str) -> str:
-    """``message`` with the key paths of the built spec replaced by the ``rpx profile`` arguments they came from."""
+    """``message`` with the key paths of the built spec replaced by the ``rpx profile`` arguments they came from
+    (``rpx profile: models[0].source: ...``, and an input named in parentheses: ``x.py (models[0].source)``)."""
     import re
 
-    def rename(match: re.Match[str]) -> str:
-        path = match.group(1)
+    def argument_of(path: str) -> str | None:
         for key, argument in ARGUMENTS:
             if path == key or path.startswith((f"{key}.", f"{key}[")):
-                return f"rpx profile: {argument}: "
-        return match.group(0)
+                return argument
+        return None
 
-    return re.sub(r"rpx profile: ([A-Za-z_][\w.\[\]]*): ", rename, message)
+    def rename(match: re.Match[str]) -> str:
+        argument = argument_of(match.group(1))
+        return f"rpx profile: {argument}: " if argument else match.group(0)
+
+    def rename_role(match: re.Match[str]) -> str:
+        argument = argument_of(match.group(1))
+        return f"({argument})" if argument else match.group(0)
+
+    message = re.sub(r"rpx profile: ([A-Za-z_][\w.\[\]]*): ", rename, message)
+    return re.sub(r"\((models\[0\][\w.\[\]]*)\)", rename_role, message)
 
 
 def _identity(source: str) -> str:
