@@ -41,7 +41,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from rpx_core import cost_table, stats
+from rpx_core import cost_table, safe_read, stats
 from rpx_core.errors import BackendUnavailable, NotApplicable, PluginError, RpxError, UnsupportedError, did_you_mean
 from rpx_core.execution.context import Job, RunContext, StageContext
 from rpx_core.execution.executors import Environment, Executor, Resources, WorkItem, run_task_elsewhere, usable_cores
@@ -100,7 +100,7 @@ __all__ = [
     "ParamsResult", "FlopsResult", "TrafficResult", "OpRecord", "OperatorStats", "ModuleStats", "CountOptions",
     "RooflineResult", "GPURoofline", "RooflineOptions",
     "LatencyResult", "ThroughputResult", "LatencyOptions", "MemoryPeak", "with_start", "Timer", "stats",
-    "Deadline", "with_partial", "PROGRESS_INTERVAL",
+    "Deadline", "with_partial", "PROGRESS_INTERVAL", "safe_read",
     "SystemCard", "AcceleratorCard",
     "BatchSearchResult", "BatchSearchOptions",
     # how a stage's results are shown

@@ -144,6 +144,17 @@ def test_run_never_writes_over_model_code_named_any_way(project, target, role):
     assert contents(project) == before
 
 
+def test_a_named_model_s_local_folder_is_an_input_and_its_configuration_is_read_without_blocking(project):
+    (project / "m").mkdir()
+    (project / "m" / "config.json").write_text('{"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 2}')
+    (project / "spec.toml").write_text(spec_text(source="hf:./m", inputs="input_shape = [1, 8]"))
+    refused(rpx(project, "run", "spec.toml", "-o", "m/results.toml"), "m/results.toml: refusing to write inside m "
+            "(models[0].source)")
+    (project / "m" / "config.json").unlink()
+    os.mkfifo(project / "m" / "config.json")
+    refused(rpx(project, "validate", "spec.toml"), "models[0].source: folder", "has no config.json")
+
+
 def test_no_command_writes_over_a_gpu_pack_from_any_source(project, example_plugin_site):
     reference = Path(__import__("rpx_plugins").__file__).parent / "packs" / "reference.toml"
     shipped = example_plugin_site / "rpx_example_plugin" / "example_gpus.toml"

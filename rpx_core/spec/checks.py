@@ -11,15 +11,13 @@ each other, and the output is writable and none of the run's inputs.
 from __future__ import annotations
 
 import ast
-import importlib.machinery
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 from rpx_core.errors import SpecError
 from rpx_core.results.safe_write import OutputError, check_output
 from rpx_core.safe_read import read_bytes
+from rpx_core.spec.inputs import module_origins, spec_inputs
 
 
 def validate(path: str | Path, plugins: Any, *, stages: tuple[str, ...] | None = None,
@@ -76,8 +74,6 @@ def run_problems(spec: Any, plan: Any, plugins: Any, *, where: str, output: Path
                 problems.append(f"device: {problem}")
         problems += limit_problems(spec, plan)
         if output is not None:
-            from rpx_core.spec.inputs import spec_inputs
-
             try:
                 check_output(output, spec_inputs(spec, plugins, spec_path))
             except OutputError as exc:
@@ -131,29 +127,6 @@ def find_module(name: str) -> str | None:
     """The file module ``name`` would be imported from, found like ``import`` finds it but without executing any
     package's ``__init__``; ModuleNotFoundError naming the part that is missing."""
     return module_origins(name)[-1]
-
-
-def module_origins(name: str) -> list[str | None]:
-    """The files ``a``, ``a.b``, ``a.b.c`` would be imported from, for ``name`` = ``a.b.c`` (a package's
-    ``__init__``, None for a namespace package), found without executing anything; ModuleNotFoundError naming the
-    first part that is missing."""
-    origins: list[str | None] = []
-    search: list[str] | None = None
-    parts = name.split(".")
-    for depth in range(len(parts)):
-        partial = ".".join(parts[: depth + 1])
-        loaded = sys.modules.get(partial)
-        if loaded is not None:
-            origins.append(getattr(loaded, "__file__", None))
-            search = list(getattr(loaded, "__path__", None) or [])
-            continue
-        # The top level through every finder (an editable install's finder too); below it, the package's folders.
-        spec = importlib.util.find_spec(partial) if depth == 0 else importlib.machinery.PathFinder.find_spec(partial, search)
-        if spec is None:
-            raise ModuleNotFoundError(f"no module {partial!r}", name=partial)
-        origins.append(spec.origin)
-        search = list(spec.submodule_search_locations or [])
-    return origins
 
 
 def top_level_names(path: Path) -> set[str] | None:

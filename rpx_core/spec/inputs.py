@@ -12,7 +12,10 @@ Every command that writes a file checks its target against these with
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,6 @@ from typing import Any
 from rpx_core.registry.manager import GPU_PACKS_ENV
 from rpx_core.registry.sources import split
 from rpx_core.results.safe_write import Input
-from rpx_core.spec.checks import module_origins
 
 
 def spec_inputs(spec: Any, plugins: Any, spec_path: str | Path | None = None) -> list[Input]:
@@ -63,3 +65,26 @@ def source_inputs(source: str | None, role: str, base_dir: str | Path, schemes: 
     except (ImportError, ValueError):  # not found: `validate` says so
         return []
     return [Input(Path(origin), role) for origin in origins if origin and os.path.isfile(origin)]
+
+
+def module_origins(name: str) -> list[str | None]:
+    """The files ``a``, ``a.b``, ``a.b.c`` would be imported from, for ``name`` = ``a.b.c`` (a package's
+    ``__init__``, None for a namespace package), found without executing anything; ModuleNotFoundError naming the
+    first part that is missing."""
+    origins: list[str | None] = []
+    search: list[str] | None = None
+    parts = name.split(".")
+    for depth in range(len(parts)):
+        partial = ".".join(parts[: depth + 1])
+        loaded = sys.modules.get(partial)
+        if loaded is not None:
+            origins.append(getattr(loaded, "__file__", None))
+            search = list(getattr(loaded, "__path__", None) or [])
+            continue
+        # The top level through every finder (an editable install's finder too); below it, the package's folders.
+        spec = importlib.util.find_spec(partial) if depth == 0 else importlib.machinery.PathFinder.find_spec(partial, search)
+        if spec is None:
+            raise ModuleNotFoundError(f"no module {partial!r}", name=partial)
+        origins.append(spec.origin)
+        search = list(spec.submodule_search_locations or [])
+    return origins

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rpx_core.plugin import InputSpec, ModelSource, RpxError, did_you_mean, import_or_explain
+from rpx_core.plugin import InputSpec, ModelSource, RpxError, did_you_mean, import_or_explain, safe_read
 
 SCHEME = "hf"
 INSTALL = "pip install 'rpx[hf]' (transformers; weights are never downloaded, only the configuration is read)"
@@ -79,7 +79,7 @@ def known_config(target: str) -> dict[str, Any] | None:
     else:
         path = cached_config(target)
     try:
-        return json.loads(path.read_text()) if path is not None else None
+        return json.loads(safe_read.read_text(path)) if path is not None else None  # a FIFO never blocks it
     except (OSError, ValueError):
         return None
 
