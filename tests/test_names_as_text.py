@@ -121,7 +121,7 @@ def test_error_lines_show_what_they_quote_as_text(tmp_path):
     done = rpx_cli("show", str(tmp_path / "\x1b[2Jgone.toml"), timeout=120)
     assert done.returncode == 2
     assert no_raw_escapes(done) == f"rpx: error: {tmp_path}/\\x1b[2Jgone.toml: no such results file\n"
-    warned = rpx_cli("backends", "--disable", "\x1b]0;pwned\x07", timeout=120)
+    warned = rpx_cli("gpus", "--disable", "\x1b]0;pwned\x07", timeout=120)
     assert r"cannot disable unknown plugin(s): \x1b]0;pwned\x07" in no_raw_escapes(warned)
 
 
