@@ -1,14 +1,14 @@
 """Charts of a results file with matplotlib (the optional extra ``rpx[plot]``).
 
 Which charts exist is not known here: a stage declares its own (``Stage.charts``: :class:`ChartView` objects), and
-``rpx plot --kind NAME`` and the report draw them. This module holds what every chart shares: importing matplotlib
+:mod:`rpx_core.show.declared` gathers them for ``rpx plot --kind NAME`` and the report. This module holds what every chart shares: importing matplotlib
 lazily (headless), the label text drawn from data (never parsed as markup), and writing PNG, SVG or inline SVG.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import attrs
 
 from rpx_core.errors import RpxError
 from rpx_core.results.safe_write import Input, atomic_write
+from rpx_core.show.text import shown
 
 
 @attrs.frozen
@@ -35,29 +36,35 @@ def pyplot() -> Any:
     except ImportError:
         raise RpxError("charts need matplotlib: pip install 'rpx[plot]'") from None
     matplotlib.use("Agg")  # files only: no display, no GUI toolkit
-    matplotlib.rcParams["text.parse_math"] = False  # names are text: a model named "budget_$1_$2" is no formula
     import matplotlib.pyplot as plt
 
     return plt
 
 
-def chart_views(stages: Mapping[str, Any]) -> dict[str, ChartView]:
-    """Every chart the stages declare, by name, in the stages' order."""
-    found: dict[str, ChartView] = {}
-    for stage in stages.values():
-        for view in stage.charts:
-            found.setdefault(view.name, view)
-    return found
+#: Colours by kind ("gpu", "model") and name, assigned once per process: a GPU has one colour on every chart.
+_COLOURS: dict[str, dict[str, str]] = {}
+PALETTE = tuple(f"C{index}" for index in range(10))
 
 
-def figure_for(run: Any, kind: str, stages: Mapping[str, Any]) -> Any:
-    """The chart ``kind`` of ``run``; an unknown kind is one line naming the known ones."""
-    views = chart_views(stages)
-    if kind not in views:
-        from rpx_core.errors import did_you_mean
+def assign_colours(kind: str, names: Iterable[str]) -> None:
+    """Give ``names`` their colours in sorted order (a report does this for every GPU and model of its files first,
+    so the colours do not depend on which chart is drawn first)."""
+    for name in sorted(set(names)):
+        colour(kind, name)
 
-        raise RpxError(f"no chart kind {kind!r}{did_you_mean(kind, views)}; the stages declare: {', '.join(views)}")
-    return views[kind].draw(run)
+
+def colour(kind: str, name: str) -> str:
+    """The colour of ``name`` (a GPU, a model) on every chart of this process: the next free one at first use."""
+    taken = _COLOURS.setdefault(kind, {})
+    if name not in taken:
+        taken[name] = PALETTE[len(taken) % len(PALETTE)]
+    return taken[name]
+
+
+def plain(text: str) -> str:
+    """``text`` as matplotlib draws it literally: a name from data is never read as mathtext (``$1_$2``), and a
+    control character in it is drawn as its escape (rpx_core.show.text), as on the terminal."""
+    return shown(text).replace("$", r"\$")
 
 
 def save(figure: Any, path: Path, inputs: Iterable[Input] = ()) -> None:
