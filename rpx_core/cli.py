@@ -21,6 +21,7 @@ from rpx_core.commands import report as report_command
 from rpx_core.commands import show as show_command
 from rpx_core.commands.common import load_plugins
 from rpx_core.exit_codes import ExitCode, for_signal
+from rpx_core.show.text import echo
 from rpx_core.version import __version__
 
 EXIT_OK, EXIT_STAGE_FAILED, EXIT_INTERNAL = ExitCode.OK, ExitCode.FAILED, ExitCode.INTERNAL  # see rpx_core.exit_codes
@@ -111,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from rpx_core.execution.executors import job_lines
 
         planned = plan_spec(spec, plugins, stages=stages, execution=overrides, spec_path=args.spec)
-        print("\n".join(job_lines(planned, plugins)))
+        echo("\n".join(job_lines(planned, plugins)))
         return EXIT_OK
     console.note(f"{len(plan.jobs)} job(s), stages {', '.join(plan.stages)}; starting workers (each imports the "
                  "framework once)")
@@ -122,7 +123,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if console.mode in ("live", "plain"):
         print_tables(result, plugins.stages(spec.choose).in_load_order())
     if console.mode != "jsonl":
-        print(f"results: {output}")
+        echo(f"results: {output}")
     return EXIT_OK if result.ok else EXIT_STAGE_FAILED
 
 
@@ -131,10 +132,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     plugins = load_plugins(args)
     spec, plan = validate(args.spec, plugins)
-    print(f"{args.spec}: ok — {len(plan.jobs)} model(s); stages: {', '.join(plan.stages)}")
+    echo(f"{args.spec}: ok — {len(plan.jobs)} model(s); stages: {', '.join(plan.stages)}")
     availability = plugins.backend(spec.backend, spec.choose, require_available=False).availability
     if not availability.available:
-        print(f"note: backend {spec.backend!r} is not available on this machine ({availability.reason}); "
+        echo(f"note: backend {spec.backend!r} is not available on this machine ({availability.reason}); "
               f"`rpx run` will {'skip its stages' if spec.on_unavailable == 'skip' else 'refuse it'} here")
     return EXIT_OK
 
@@ -158,16 +159,16 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         origin = "built-in" if info.builtin else f"{info.distribution} {info.version}"
         hooks = ", ".join(h.removeprefix("rpx_") for h in info.hooks) or "-"
         status = "" if info.status == "loaded" else f"  [{info.status}{': ' + info.error if info.error else ''}]"
-        print(f"{info.name:<16} {origin:<28} {hooks}{status}")
-    print("\nstage hooks, plugins in the order they are asked (the first non-None answer wins):")
+        echo(f"{info.name:<16} {origin:<28} {hooks}{status}")
+    echo("\nstage hooks, plugins in the order they are asked (the first non-None answer wins):")
     for stage, plugin_names in order.items():
-        print(f"  {stage:<18} {' -> '.join(plugin_names) or '(no implementation)'}")
-    print("\nmodel sources (source = \"<scheme>:<name>\"):")
+        echo(f"  {stage:<18} {' -> '.join(plugin_names) or '(no implementation)'}")
+    echo("\nmodel sources (source = \"<scheme>:<name>\"):")
     for row in sources:
         missing = "" if row["installed"] else "  [library not installed]"
-        print(f"  {row['scheme'] + ':':<13} {row['plugin']:<16} {row['description']}{missing}")
+        echo(f"  {row['scheme'] + ':':<13} {row['plugin']:<16} {row['description']}{missing}")
     for problem in problems:
-        print(f"problem: {problem}")
+        echo(f"problem: {problem}")
     return EXIT_OK
 
 
@@ -195,7 +196,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
               row["reason"]) for row in rows]
     widths = [max((len(cell[index]) for cell in cells), default=0) for index in range(3)]
     for cell in cells:
-        print("  ".join(text.ljust(width) for text, width in zip(cell, widths)) + "  " + cell[3])
+        echo("  ".join(text.ljust(width) for text, width in zip(cell, widths)) + "  " + cell[3])
     if age:
         print(f"\n(probed {age:.0f} s ago; `rpx backends --refresh` probes now)")
     return EXIT_OK
@@ -217,7 +218,7 @@ def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Nam
         return handler(args)
     except RpxError as exc:
         _traceback_if(args.debug)
-        print("\n".join(f"rpx: error: {line}" for line in str(exc).splitlines() or [""]), file=sys.stderr)
+        echo("\n".join(f"rpx: error: {line}" for line in str(exc).splitlines() or [""]), file=sys.stderr)
         return exc.exit_code
     except BrokenPipeError:  # output piped into `head` and closed early: not an error
         sys.stderr.close()
@@ -225,13 +226,13 @@ def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Nam
     except KeyboardInterrupt as interrupt:  # SIGINT, or SIGTERM (rpx_core.execution.interrupts.Interrupted)
         _traceback_if(args.debug)
         code = for_signal(signal_of(interrupt))
-        print(f"rpx: interrupted ({code.name}); what finished is in the results file, if one was started; "
+        echo(f"rpx: interrupted ({code.name}); what finished is in the results file, if one was started; "
               "`rpx run --resume` continues", file=sys.stderr)
         return code
     except Exception as exc:
         _traceback_if(args.debug)
         hint = "" if args.debug else " (rerun with --debug for the traceback)"
-        print(f"rpx: internal error: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
+        echo(f"rpx: internal error: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
         return EXIT_INTERNAL
 
 
@@ -243,7 +244,7 @@ def _traceback_if(debug: bool) -> None:
 
 
 def _one_line_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-    print(f"rpx: warning: {message}", file=sys.stderr)
+    echo(f"rpx: warning: {message}", file=sys.stderr)
 
 
 if __name__ == "__main__":

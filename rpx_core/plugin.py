@@ -45,7 +45,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from rpx_core import cost_table, stats
+from rpx_core import cost_table, safe_read, stats
 from rpx_core.convert import batch_size, batch_sizes
 from rpx_core.errors import BackendUnavailable, NotApplicable, PluginError, RpxError, UnsupportedError, did_you_mean
 from rpx_core.execution.context import Job, RunContext, StageContext
@@ -106,7 +106,7 @@ __all__ = [
     "ParamsResult", "FlopsResult", "TrafficResult", "OpRecord", "OperatorStats", "ModuleStats", "CountOptions",
     "RooflineResult", "GPURoofline", "RooflineOptions",
     "LatencyResult", "ThroughputResult", "LatencyOptions", "MemoryPeak", "with_start", "Timer", "stats",
-    "Deadline", "with_partial", "PROGRESS_INTERVAL",
+    "Deadline", "with_partial", "PROGRESS_INTERVAL", "safe_read",
     "SystemCard", "AcceleratorCard",
     "BatchSearchResult", "BatchSearchOptions",
     # how a stage's results are shown

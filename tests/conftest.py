@@ -60,16 +60,26 @@ def make_plugin_package(root: Path, dist: str, module: str, plugin_name: str, co
     return package
 
 
-def rpx_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run the real ``rpx`` command in a subprocess."""
+def rpx_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the real ``rpx`` command in a subprocess (killed, and the test failed, past ``timeout`` seconds)."""
     return subprocess.run(
         [sys.executable, "-m", "rpx_core.cli", *args],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
         cwd=cwd,
-        timeout=300,
+        timeout=timeout,
     )
+
+
+def without_notes(stderr: str) -> str:
+    """``rpx run``'s stderr without the lines that say what it is doing before any stage starts ("rpx: checking
+    spec.toml ...", "rpx: 2 job(s), ..."), leaving its errors and warnings."""
+    import re
+
+    return "".join(line for line in stderr.splitlines(keepends=True)
+                   if not re.match(r"rpx: (checking |\d+ job\(s\), )", line))
 
 
 @pytest.fixture
@@ -101,3 +111,31 @@ def console_text(run) -> str:
     out = io.StringIO()
     render.terminal(declared.tables(run, builtin_stages()), [], out)
     return out.getvalue()
+
+
+#: A model name no surface may obey: a formula to matplotlib ($...$), a window title (OSC) and a colour (CSI) to a
+#: terminal, and a right-to-left override.
+HOSTILE_NAME = "budget_$1_$2\x1b]0;pwned\x07\x1b[31mred\u202e"
+
+
+@pytest.fixture(scope="session")
+def roofline_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A real ``rpx run`` of a tiny model named HOSTILE_NAME (counts and a roofline on an L4): its results file and
+    the finished process (what it printed)."""
+    import json
+
+    folder = tmp_path_factory.mktemp("hostile")
+    spec = folder / "spec.toml"
+    spec.write_text(textwrap.dedent(f"""
+        backend = "cpu"
+        stages = ["count_flops", "estimate_traffic", "roofline"]
+        gpus = ["L4"]
+        [[models]]
+        name = {json.dumps(HOSTILE_NAME)}
+        source = "torch.nn:Linear"
+        kwargs = {{ in_features = 4, out_features = 2 }}
+        inputs = [{{ shape = [1, 4] }}]
+    """))
+    done = rpx_cli("run", str(spec), "-o", str(folder / "results.toml"))
+    assert done.returncode == 0, done.stderr
+    return folder / "results.toml", done

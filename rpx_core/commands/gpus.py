@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from rpx_core.show.text import echo
+
 LEGEND = ("figures: dense peak TFLOP/s per precision (int8: TOPS), at boost clock; bandwidth in GB/s (1 GB = 1e9 "
           "bytes)\n~ after a figure: derived or uncertain, not read off a datasheet; `rpx gpus NAME` says how it "
           "was obtained")
@@ -44,18 +46,18 @@ def cmd_gpus(args: argparse.Namespace) -> int:
             print(json.dumps(described[0] if len(described) == 1 else described, indent=2))
             return 0
         if len(found) > 1:
-            print(f"{args.name!r} could mean {len(found)} GPUs:\n")
-        print("\n\n".join("\n".join(describe_lines(data)) for data in described))
-        print(f"\n{LEGEND}")
+            echo(f"{args.name!r} could mean {len(found)} GPUs:\n")
+        echo("\n\n".join("\n".join(describe_lines(data)) for data in described))
+        echo(f"\n{LEGEND}")
         return 0
     rows = gpu_rows(catalog)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print("\n".join(table_lines(rows)))
+    echo("\n".join(table_lines(rows)))
     for conflict in catalog.conflicts():
-        print(f"clash: {conflict}")
-    print(f"\n{LEGEND}")
+        echo(f"clash: {conflict}")
+    echo(f"\n{LEGEND}")
     return 0
 
 

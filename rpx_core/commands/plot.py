@@ -18,17 +18,20 @@ def register(command: Any) -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from rpx_core.commands.common import declared_stages, load_plugins, load_results
+    from rpx_core.commands.common import checked_output, declared_stages, load_plugins, load_results
     from rpx_core.errors import RpxError
+    from rpx_core.results.safe_write import Input
     from rpx_core.show import charts, declared
+    from rpx_core.show.text import echo
 
     output = Path(args.output)
     if output.suffix.lower() not in (".png", ".svg"):
         raise RpxError(f"{output}: the chart file must end in .png or .svg")
     plugins = load_plugins(args, tolerant=True)
+    inputs = checked_output(output, plugins, [Input(Path(args.results), "the results file the chart shows")])
     stages = declared_stages(plugins)
     kind = args.kind or next(iter(declared.chart_views(stages)), "")
     figure = declared.figure_for(load_results(args.results, plugins), kind, stages)
-    charts.save(figure, output)
-    print(f"chart: {output}")
+    charts.save(figure, output, inputs)
+    echo(f"chart: {output}")
     return 0

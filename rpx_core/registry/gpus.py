@@ -22,6 +22,7 @@ import cattrs
 from rpx_core.convert import converter, describe_errors
 from rpx_core.errors import RpxError, UnsupportedError, closest, did_you_mean
 from rpx_core.precision import PrecisionName, check_precision
+from rpx_core.safe_read import read_text
 
 #: Market segments a pack entry can declare.
 SEGMENTS = ("datacenter", "workstation", "consumer", "edge", "soc", "mobile")
@@ -180,8 +181,8 @@ def load_pack(path: Path | Traversable, *, provider: str) -> GPUPack:
     """
     where = str(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
+        data = tomllib.loads(read_text(path) if isinstance(path, Path) else path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
         raise GPUPackError(f"{where}: cannot read the pack: {exc.strerror or exc}") from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise GPUPackError(f"{where}: invalid TOML: {exc}") from exc

@@ -347,6 +347,23 @@ class Plugins:
         info = self._info(plugin_name)
         return f"plugin {plugin_name!r} ({info.distribution} {info.version})"
 
+    def files(self) -> list[tuple[Path, str]]:
+        """Where the loaded plugins' code and shipped GPU packs are, each with what it is, for the list of files no
+        command may write over (rpx_core.spec.inputs): a plugin module's file, or its top-level package's folder, and
+        each pack file it registers. A pack hook that raises or returns anything but paths adds nothing here: it
+        is reported where the packs are loaded."""
+        found = [(location, f"code of plugin {name!r}") for name, plugin in self._pm.list_name_plugin()
+                 if (location := code_location(plugin)) is not None]
+        for impl in _implementations(self._pm.hook.rpx_register_gpu_packs):
+            try:
+                paths = impl.function() or ()
+            except Exception:
+                continue
+            if isinstance(paths, (list, tuple)):
+                found.extend((Path(path), f"a GPU pack of plugin {impl.plugin_name!r}") for path in paths
+                             if isinstance(path, (str, os.PathLike)))
+        return found
+
     def hook_order(self, hook: str) -> list[str]:
         """The plugins implementing ``hook``, in the order they are asked."""
         caller = getattr(self._pm.hook, hook, None)
@@ -495,6 +512,19 @@ def call_next(ctx: Any) -> Any:
         raise RpxError("call_next(ctx) is for a stage hook's body: no stage hook is being answered here")
     stage, plugin = answering
     return ctx.plugins.call_stage(stage, ctx, after=plugin)[0]
+
+
+def code_location(plugin: Any) -> Path | None:
+    """The file a plugin's code is in, or the folder of the top-level package it belongs to (a plugin module in a
+    package runs the package's other modules too); None for code not in a file."""
+    code = plugin if inspect.ismodule(plugin) or inspect.isclass(plugin) else type(plugin)
+    module = code if inspect.ismodule(code) else inspect.getmodule(code)
+    if module is None or not getattr(module, "__file__", None):
+        return None
+    top = sys.modules.get(module.__name__.partition(".")[0])
+    if top is not None and top is not module and getattr(top, "__file__", None) and hasattr(top, "__path__"):
+        return Path(top.__file__).parent
+    return Path(module.__file__).parent if hasattr(module, "__path__") else Path(module.__file__)
 
 
 def _implementations(hook: Any) -> list[Any]:

@@ -10,6 +10,7 @@ import hashlib
 import json
 import keyword
 import re
+import string
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +22,7 @@ from rpx_core.convert import converter, structure
 from rpx_core.errors import SpecError
 from rpx_core.precision import PrecisionName
 from rpx_core.results.safe_write import path_safe
+from rpx_core.safe_read import read_text
 from rpx_core.spec.limits import Execution
 
 SCHEMA_VERSION = 1
@@ -150,7 +152,7 @@ class Spec:
 
     def output_path(self) -> Path:
         """The results file; the spec's name enters it as one safe path component (``../x`` stays inside)."""
-        return Path(self.output.format(name=path_safe(self.name)))
+        return Path(fill_output(self.output, path_safe(self.name)))
 
     def to_data(self) -> dict[str, Any]:
         """The spec as plain data, as rpx understood it (defaults filled in), without where it was read from."""
@@ -179,17 +181,40 @@ def load_spec(path: str | Path) -> Spec:
 def read_spec_data(path: Path) -> dict[str, Any]:
     """The spec file's TOML document; SpecError (one line) when it cannot be read or parsed."""
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(read_text(path))
     except FileNotFoundError:
         raise SpecError(f"{path}: no such spec file") from None
-    except IsADirectoryError:
-        raise SpecError(f"{path}: is a folder, not a spec file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path}: cannot read the spec: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML: {exc}") from None
     except RecursionError:
         raise SpecError(f"{path}: not valid TOML: nested too deeply") from None
+
+
+def output_template_problem(template: str) -> str | None:
+    """Why ``output`` is no template rpx fills: its one field is ``{name}``, filled as plain text (no attribute,
+    index, conversion or format of it: ``{name.__class__}`` is refused, never evaluated); ``{{``/``}}`` are braces."""
+    braces = "write {{ and }} for a literal brace"
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        return f"{template!r} is not a valid template: {exc} ({braces})"
+    for _, field, format_spec, conversion in parts:
+        if field is not None and (field != "name" or format_spec or conversion):
+            written = field + (f"!{conversion}" if conversion else "") + (f":{format_spec}" if format_spec else "")
+            return (f"{template!r} is not a valid template: {{{written}}} is not a field rpx fills; only {{name}} is "
+                    f"({braces})")
+    return None
+
+
+def fill_output(template: str, name: str) -> str:
+    """``template`` with each ``{name}`` replaced by ``name`` as it is; SpecError for anything else in braces."""
+    problem = output_template_problem(template)
+    if problem:
+        raise SpecError(f"output: {problem}")
+    parts = string.Formatter().parse(template)
+    return "".join(literal + (name if field is not None else "") for literal, field, _, _ in parts)
 
 
 def spec_from_dict(data: dict[str, Any], *, where: str = "<spec>", base_dir: str = ".", default_name: str = "rpx") -> Spec:
@@ -302,10 +327,9 @@ def _check_semantics(spec: Spec, where: str) -> list[str]:
                                 "argument name (a Python identifier)")
             elif input_names.count(spec_input.name) > 1:
                 problems.append(f"models[{index}].inputs[{position}].name: {spec_input.name!r} names more than one input")
-    try:
-        spec.output.format(name=spec.name)
-    except (KeyError, IndexError, ValueError) as exc:
-        problems.append(f"output: {spec.output!r} is not a valid template (only {{name}} is filled in): {exc!r}")
+    template = output_template_problem(spec.output)
+    if template:
+        problems.append(f"output: {template}")
     if spec.execution.stage_timeout > spec.execution.job_timeout:
         problems.append(f"execution.stage_timeout: {spec.execution.stage_timeout:g} s is longer than the job_timeout "
                         f"({spec.execution.job_timeout:g} s) that bounds all of a job's stages")

@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from rpx_core.plugin import InputSpec, ModelSource, RpxError, did_you_mean, import_or_explain
+from rpx_core.plugin import InputSpec, ModelSource, RpxError, did_you_mean, import_or_explain, safe_read
 from rpx_plugins.sources.hf_config import config_fields, override_problems
 
 SCHEME = "hf"
@@ -107,7 +107,7 @@ def known_config(target: str) -> dict[str, Any] | None:
     else:
         path = cached_config(target)
     try:
-        return json.loads(path.read_text()) if path is not None else None
+        return json.loads(safe_read.read_text(path)) if path is not None else None  # a FIFO never blocks it
     except (OSError, ValueError):
         return None
 
