@@ -47,6 +47,8 @@ class Ledger:
         self.where: tuple[str, str] = ("", FORWARD)  # (module path, phase) charged for the next op
         self.weight_views: dict[tuple[Any, ...], int] = {}  # (storage, offset, view) -> most bytes read through it
         self.paused = False
+        #: Every call's slot (price key, where) in call order, when asked for (count_model(sequence=True)).
+        self.sequence: list[tuple[Any, tuple[str, str]]] | None = None
         # activation liveness (forward pass only)
         self.tracking = True
         self.live: dict[int, tuple[weakref.ref, int, int]] = {}  # storage key -> (weakref, bytes, fp16 bytes)
@@ -144,6 +146,8 @@ class Ledger:
                 price = self.prices[price_key] = price_call(info, args, kwargs, out, tensors, is_weight, self.sizes)
         slot = (price_key, self.where)
         self.tally[slot] = self.tally.get(slot, 0) + 1
+        if self.sequence is not None:
+            self.sequence.append(slot)
         for read in price.weight_reads:
             offset = -1 if read.view is None else tensors[read.index].storage_offset()
             self.read_weight((keys[read.index], offset, read.view), read.nbytes)

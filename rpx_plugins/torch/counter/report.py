@@ -31,6 +31,9 @@ class CountReport:
 
     flops: FlopsResult
     traffic: TrafficResult
+    #: Every call in call order (views and metadata queries excepted), each an OpRecord of count 1 with its full
+    #: module path; only when asked for (count_model(sequence=True)), else ().
+    calls: tuple[OpRecord, ...] = ()
 
 
 _LIST_INDEX = re.compile(r"(?<![^.])\d+(?![^.])")
@@ -126,7 +129,8 @@ def summarise(
             info.label: info.plugin.plugin for info in ledger.infos.values() if info.plugin and info.label in by_operator
         },
     )
-    return CountReport(flops=flops, traffic=_traffic(ledger, total, weight_read, args, kwargs, outputs, backward))
+    return CountReport(flops=flops, traffic=_traffic(ledger, total, weight_read, args, kwargs, outputs, backward),
+                       calls=call_sequence(ledger))
 
 
 def _input_descriptions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, ...]:
@@ -179,6 +183,23 @@ def _module_stats(exclusive: dict[str, _Totals], calls: dict[str, int], top_k: i
 def _largest(entries: dict[str, _Totals], top_k: int | None) -> dict[str, _Totals]:
     """The ``top_k`` largest entries (by FLOPs, then bytes) in their order, the rest summed into "(others)"."""
     return fold_largest(entries, top_k, key=_Totals.size, merge=_Totals.of)
+
+
+def call_sequence(ledger: Ledger) -> tuple[OpRecord, ...]:
+    """The ledger's calls in call order, one OpRecord each (count 1, the module path in full)."""
+    records = {}
+    sequence = []
+    for slot in ledger.sequence or ():
+        record = records.get(slot)
+        if record is None:
+            (price_key, (path, phase)) = slot
+            price = ledger.prices[price_key]
+            record = records[slot] = OpRecord(
+                op=price.label, module=path or ROOT_MODULE, count=1, flops=2 * price.macs + price.other_flops,
+                macs=price.macs, bytes_read=price.weight_read + price.activation_read, bytes_written=price.written,
+                phase=phase, inputs=price.inputs)
+        sequence.append(record)
+    return tuple(sequence)
 
 
 def _op_records(ledger: Ledger) -> tuple[OpRecord, ...]:
