@@ -114,7 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                           observer=console, execution=overrides, resume=args.resume)
     console.finished(output, result.ok)
     if console.mode in ("live", "plain"):
-        print_tables(result)
+        print_tables(result, plugins.stages(spec.choose).in_load_order())
     if console.mode != "jsonl":
         print(f"results: {output}")
     return EXIT_OK if result.ok else EXIT_STAGE_FAILED

@@ -13,9 +13,18 @@ from pathlib import Path
 import pytest
 
 from rpx_core.api import load_results
-from rpx_core.commands.show import show_text
+from rpx_core.commands.show import show_text as show_with
 from rpx_core.show import tables as views
 from rpx_core.show import units
+from rpx_plugins.stages import batch_search, counts
+from rpx_plugins.stages import latency as latency_views
+from tests.conftest import builtin_stages
+
+STAGES = builtin_stages()
+
+
+def show_text(run, fmt, names=None):
+    return show_with(run, STAGES, fmt, names)
 
 DATA = Path(__file__).parent / "data"
 RUN_A, BATCH = DATA / "run_a_results.toml", DATA / "batch_results.toml"
@@ -32,10 +41,10 @@ def batch():
 
 
 def test_tier1_cells_are_the_files_figures_in_human_units(run_a):
-    table = views.tier1(run_a)
+    table = counts.tier1(run_a)
     flops = run_a.model("tiny-cnn").result("count_flops")
     row = next(row for row in table.rows if row[0].value == "tiny-cnn")
-    cell = row[table.columns.index("FLOPs")]
+    cell = row[table.titles.index("FLOPs")]
     assert cell.value == flops.total_flops
     # independently: MFLOP is 1e6 FLOPs, three significant digits
     assert cell.text == f"{float(f'{flops.total_flops / 1e6:.3g}'):.2f} MFLOP"
@@ -54,11 +63,11 @@ def test_terminal_shows_every_default_table_and_the_system_footer(run_a):
 def test_markdown_has_one_pipe_table_per_table(run_a):
     text = show_text(run_a, "markdown")
     headings = [line for line in text.splitlines() if line.startswith("### ")]
-    assert len(headings) == len(views.tables(run_a))
+    assert len(headings) == len(views.tables(run_a, STAGES))
     tier1 = text.split("### Tier 1")[1].split("###")[0]
     rows = [line for line in tier1.splitlines() if line.startswith("|")]
     assert len(rows) == 2 + len(run_a.models)  # header, alignment row, one per model
-    assert rows[1].count("---") == len(views.tier1(run_a).columns)
+    assert rows[1].count("---") == len(counts.tier1(run_a).columns)
 
 
 def test_csv_is_the_flat_summary_with_raw_values(run_a):
@@ -77,13 +86,13 @@ def test_json_carries_raw_values_of_every_table(run_a):
     column = tier1["columns"].index("params")
     assert [row[column] for row in tier1["rows"]] == [m.result("count_params").total for m in run_a.models]
     latency = data["tables"]["latency"]
-    p50 = latency["columns"].index("p50 ms")
+    p50 = latency["columns"].index("p50 [ms]")
     assert latency["rows"][0][p50] == run_a.models[0].result("measure_latency").p50_ms
 
 
 def test_batch_search_table_marks_the_choice_and_the_failures(batch):
     result = batch.run_stages["batch_search"].result
-    table = views.batch_search(batch)
+    table = batch_search.trials_table(batch)
     assert len(table.rows) == len(result.trials)
     chosen = [row for row in table.rows if row[0].text.endswith("*")]
     assert [row[0].value for row in chosen] == [result.chosen_trial]
@@ -96,25 +105,27 @@ def test_noisy_and_thin_latency_is_marked(run_a):
     import attrs
 
     latency = run_a.models[0].result("measure_latency")
-    assert views.latency_marks(attrs.evolve(latency, verdict="noisy")) == views.NOISY
-    assert views.latency_marks(attrs.evolve(latency, verdict="too_few_samples")) == views.PARTIAL
-    assert views.latency_marks(attrs.evolve(latency, verdict="stable")) == ""
+    assert latency_views.latency_marks(attrs.evolve(latency, verdict="noisy")) == latency_views.NOISY
+    assert latency_views.latency_marks(attrs.evolve(latency, verdict="too_few_samples")) == latency_views.PARTIAL
+    assert latency_views.latency_marks(attrs.evolve(latency, verdict="stable")) == ""
     # a file older than verdicts: judged by its spread warning and where sampling stopped
-    assert views.latency_marks({"noisy_warning": "noisy machine", "stopped_by": "max_seconds"}) == "~!"
-    assert views.latency_marks({"stopped_by": "min_samples"}) == ""
-    assert views.interval_text({"p50_interval_ms": [0.5, 0.52], "interval_confidence": 0.95}) == "500 µs – 520 µs (95%)"
+    assert latency_views.latency_marks({"noisy_warning": "noisy machine", "stopped_by": "max_seconds"}) == "~!"
+    assert latency_views.latency_marks({"stopped_by": "min_samples"}) == ""
+    assert latency_views.interval_text({"p50_interval_ms": [0.5, 0.52], "interval_confidence": 0.95}) == "500 µs – 520 µs (95%)"
     # the table shows the mark on the p50 and the verdict in words
     thin = attrs.evolve(run_a, models=(attrs.evolve(run_a.models[0], stages={
         **run_a.models[0].stages, "measure_latency": attrs.evolve(run_a.models[0].stages["measure_latency"],
                                                                    result=attrs.evolve(latency, verdict="too_few_samples"))}),))
-    row = views.latency(thin).rows[0]
-    assert row[1].text.endswith(views.PARTIAL) and row[8].text == "too_few_samples"
+    row = latency_views.latency_table(thin).rows[0]
+    assert row[1].text.endswith(latency_views.PARTIAL) and row[8].text == "too_few_samples"
 
 
-def test_the_cli_offers_every_table():
-    from rpx_core.commands.show import TABLES
+def test_the_cli_help_names_every_builtin_table():
+    from rpx_core.cli import build_parser
 
-    assert TABLES == tuple(views.BUILDERS)
+    show = build_parser()._subparsers._group_actions[0].choices["show"]
+    help_text = next(action.help for action in show._actions if action.dest == "table")
+    assert all(name in help_text for name in views.views(STAGES))
 
 
 def test_cli_show_and_its_errors(tmp_path):

@@ -52,7 +52,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     output = spec.output_path()
     with RunConsole(choose_mode(quiet=False, events=None)) as console:
         result = run_spec(spec, output=output, plugins=plugins, stages=stages, observer=console, where="rpx profile")
-    print_tables(result)
+    print_tables(result, plugins.stages(spec.choose).in_load_order())
     print(f"results: {output}")
     return ExitCode.OK if result.ok else ExitCode.FAILED
 

@@ -143,12 +143,13 @@ class RunConsole:
         print(json.dumps(data), file=self.out, flush=True)
 
 
-def print_tables(run: Any) -> None:
-    """The tables a run ends with (``rpx show`` prints them all), on stdout: coloured on a terminal, plain when piped."""
+def print_tables(run: Any, stages: Any) -> None:
+    """The tables a run ends with (what ``rpx show`` prints without ``--table``), on stdout: coloured on a terminal,
+    plain when piped."""
     from rpx_core.show import formats as render
     from rpx_core.show import tables as views
 
-    render.terminal(views.tables(run, views.RUN_END), [], sys.stdout)
+    render.terminal(views.tables(run, stages), [], sys.stdout)
 
 
 def eta(started: float, event: Progress) -> float | None:
