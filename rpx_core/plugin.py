@@ -65,6 +65,7 @@ from rpx_core.show.tables import Cell, Column, Table, TableView, field, ok_resul
 from rpx_core.spec.limits import Deadline
 from rpx_core.spec.schema import FLOAT_DTYPES, InputSpec, ModelSpec
 from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult
+from rpx_core.types.breakdown import BreakdownOptions, BreakdownResult, StageCost, TimeRow
 from rpx_core.types.counts import (
     CountOptions,
     FlopsResult,
@@ -103,6 +104,7 @@ __all__ = [
     "Deadline", "with_partial", "PROGRESS_INTERVAL",
     "SystemCard", "AcceleratorCard",
     "BatchSearchResult", "BatchSearchOptions",
+    "BreakdownResult", "BreakdownOptions", "TimeRow", "StageCost",
     # how a stage's results are shown
     "Table", "Column", "Cell", "TableView", "Figure", "Noise", "SHAPES", "PRECISION", "ChartView", "pyplot", "units",
     "ok_result", "run_result", "field",

@@ -570,10 +570,13 @@ def test_op_records_merge_identical_layers_and_add_up_to_the_totals() -> None:
 
 def test_the_call_sequence_lists_every_call_in_order_with_its_full_module_path() -> None:
     model = mlp()
-    report = count_model(model, (torch.randn(4, 16),), sequence=True)
+    with torch.no_grad():  # with grad, autograd also detaches relu's output to save it: one more view
+        report = count_model(model, (torch.randn(4, 16),), sequence=True)
     assert [(call.op, call.module) for call in report.calls] == [
-        ("aten.addmm", "0"), ("aten.relu", "1"), ("aten.addmm", "2")]  # aten.t: a view, not listed
-    first = report.calls[0]
+        ("aten.t", "0"), ("aten.addmm", "0"), ("aten.relu", "1"), ("aten.t", "2"), ("aten.addmm", "2")]
+    transpose, first = report.calls[:2]
+    assert transpose.inputs == "float32[32,16]" and (transpose.flops, transpose.bytes_read, transpose.bytes_written) == (
+        0, 0, 0)  # a view moves nothing
     assert first.count == 1 and first.inputs == "float32[32], float32[4,16], float32[16,32]"
     assert first.macs == 4 * 16 * 32 and first.flops == 2 * 4 * 16 * 32 + 4 * 32  # + the bias adds
     assert first.bytes_read == (32 + 4 * 16 + 16 * 32) * F32 and first.bytes_written == 4 * 32 * F32

@@ -13,10 +13,20 @@ import torch
 
 from rpx_core.types.counts import BACKWARD_MODULE
 from rpx_plugins.torch.counter.operators import FREE_KINDS, OpInfo, classify
-from rpx_plugins.torch.counter.pricing import ElementSizes, Price, describe, price_call, storage_key, tensors_in
+from rpx_plugins.torch.counter.pricing import (
+    ElementSizes,
+    Price,
+    describe,
+    inputs_text,
+    price_call,
+    storage_key,
+    tensors_in,
+)
 from rpx_plugins.torch.counter.registry import Formula, PluginFormula
 
 FORWARD, BACKWARD = "forward", "backward"
+#: The first element of a sequence entry of a call that costs nothing (Ledger.sequence).
+FREE = "free"
 
 
 class Ledger:
@@ -47,8 +57,9 @@ class Ledger:
         self.where: tuple[str, str] = ("", FORWARD)  # (module path, phase) charged for the next op
         self.weight_views: dict[tuple[Any, ...], int] = {}  # (storage, offset, view) -> most bytes read through it
         self.paused = False
-        #: Every call's slot (price key, where) in call order, when asked for (count_model(sequence=True)).
-        self.sequence: list[tuple[Any, tuple[str, str]]] | None = None
+        #: Every call in call order, when asked for (count_model(sequence=True)): its slot (price key, where), or
+        #: (FREE, (label, inputs), where) for a view or metadata query, which costs nothing.
+        self.sequence: list[tuple[Any, ...]] | None = None
         # activation liveness (forward pass only)
         self.tracking = True
         self.live: dict[int, tuple[weakref.ref, int, int]] = {}  # storage key -> (weakref, bytes, fp16 bytes)
@@ -120,6 +131,8 @@ class Ledger:
         if info is None:
             info = self.infos[func] = classify(func, self.plugins, self.overrides)
         if info.kind in FREE_KINDS:
+            if self.sequence is not None:
+                self.sequence.append((FREE, (info.label, inputs_text(args, kwargs)), self.where))
             return
         tensors: list[torch.Tensor] = []
         signature = [describe(value, tensors) for value in args]

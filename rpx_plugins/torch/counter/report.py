@@ -21,7 +21,7 @@ from rpx_core.types.counts import (
 )
 from rpx_plugins.torch.counter.containers import tensors_within
 from rpx_plugins.torch.counter.formulas import CAUSAL_MASK_CONVENTION, other_flops_convention
-from rpx_plugins.torch.counter.ledger import BACKWARD, Ledger
+from rpx_plugins.torch.counter.ledger import BACKWARD, FREE, Ledger
 from rpx_plugins.torch.counter.pricing import ElementSizes, Price, extent_bytes, short, storage_key
 
 
@@ -186,20 +186,30 @@ def _largest(entries: dict[str, _Totals], top_k: int | None) -> dict[str, _Total
 
 
 def call_sequence(ledger: Ledger) -> tuple[OpRecord, ...]:
-    """The ledger's calls in call order, one OpRecord each (count 1, the module path in full)."""
+    """The ledger's calls in call order, one OpRecord each (count 1, the module path in full); views and metadata
+    queries at no cost."""
     records = {}
     sequence = []
-    for slot in ledger.sequence or ():
-        record = records.get(slot)
+    for entry in ledger.sequence or ():
+        record = records.get(entry)
         if record is None:
-            (price_key, (path, phase)) = slot
-            price = ledger.prices[price_key]
-            record = records[slot] = OpRecord(
-                op=price.label, module=path or ROOT_MODULE, count=1, flops=2 * price.macs + price.other_flops,
-                macs=price.macs, bytes_read=price.weight_read + price.activation_read, bytes_written=price.written,
-                phase=phase, inputs=price.inputs)
+            record = records[entry] = _free_record(*entry[1:]) if entry[0] == FREE else _call_record(ledger, *entry)
         sequence.append(record)
     return tuple(sequence)
+
+
+def _call_record(ledger: Ledger, price_key: Any, where: tuple[str, str]) -> OpRecord:
+    price = ledger.prices[price_key]
+    path, phase = where
+    return OpRecord(op=price.label, module=path or ROOT_MODULE, count=1, flops=2 * price.macs + price.other_flops,
+                    macs=price.macs, bytes_read=price.weight_read + price.activation_read, bytes_written=price.written,
+                    phase=phase, inputs=price.inputs)
+
+
+def _free_record(op: tuple[str, str], where: tuple[str, str]) -> OpRecord:
+    (label, inputs), (path, phase) = op, where
+    return OpRecord(op=label, module=path or ROOT_MODULE, count=1, flops=0, macs=0, bytes_read=0, bytes_written=0,
+                    phase=phase, inputs=inputs)
 
 
 def _op_records(ledger: Ledger) -> tuple[OpRecord, ...]:
