@@ -122,3 +122,14 @@ def test_the_llama_prefills_large_matmuls_reach_half_their_bound_and_resnet_at_b
     assert resnet.idle_ms / resnet.total_ms > 0.75  # 4.7 ms per call, 0.9 ms of it kernels
     top = max((row for row in resnet.operators if row.excess_ms is not None), key=lambda row: row.excess_ms)
     assert top.name == "aten.convolution" and top.limited_by == "overhead"
+
+
+def test_which_profiled_names_decompose_and_which_cost_nothing() -> None:
+    """torch's dispatcher decides: composite operators decompose above the counter's level; views, metadata queries
+    and empty allocations cost nothing; a name torch does not know (a label) is neither."""
+    assert [decomposes(name) for name in ("aten::linear", "aten::to", "aten::scaled_dot_product_attention",
+                                          "aten::conv2d", "aten::batch_norm")] == [True] * 5
+    assert [decomposes(name) for name in ("aten::mm", "aten::_to_copy", "aten::convolution", "aten::_convolution",
+                                          "aten::_scaled_dot_product_cudnn_attention", "ProfilerStep#1")] == [False] * 6
+    assert [free(name) for name in ("aten::view", "aten.t", "aten::slice", "aten::empty", "aten::detach_")] == [True] * 5
+    assert [free(name) for name in ("aten::mm", "aten::zeros", "aten::_to_copy", "my label")] == [False] * 4

@@ -12,13 +12,13 @@ from typing import Any
 
 import torch
 
-from rpx_plugins.torch.counter.operators import ALIASES, METADATA
+from rpx_plugins.torch.counter.operators import ALIASES, EMPTY_ALLOCATIONS, METADATA
 
 
 def overloads(name: str) -> list[Any]:
-    """The OpOverloads of a profiler's operator name ("aten::add" -> add.Tensor, add.Scalar) that take a tensor,
-    ``out=`` ones left out (aten::slice.str slices strings); [] for a name torch does not know (a record_function
-    label, a library's own event)."""
+    """The OpOverloads of a profiler's operator name ("aten::add" -> add.Tensor, add.Scalar) that take or return a
+    tensor, ``out=`` ones left out (aten::slice.str slices strings); [] for a name torch does not know (a
+    record_function label, a library's own event)."""
     namespace, _, op = name.replace("::", ".", 1).partition(".")
     packet = getattr(getattr(torch.ops, namespace, None), op, None) if op else None
     if packet is None or not hasattr(packet, "overloads"):
@@ -31,7 +31,8 @@ def overloads(name: str) -> list[Any]:
             candidate = getattr(packet, overload)
         except (AttributeError, RuntimeError):  # listed in the schema registry, not in the dispatcher
             continue
-        if any("Tensor" in str(argument.type) for argument in candidate._schema.arguments):
+        schema = candidate._schema
+        if any("Tensor" in str(value.type) for value in (*schema.arguments, *schema.returns)):
             found.append(candidate)
     return found
 
@@ -56,9 +57,9 @@ def _composite_implicit(overload: Any) -> bool | None:
 
 @functools.cache
 def free(name: str) -> bool:
-    """True for the operators the counter skips as costing nothing (views and metadata queries)."""
+    """True for the operators the counter prices at nothing by their kind alone: views, metadata queries and empty
+    allocations (``torch.tensor(...)`` allocates with an aten::empty no dispatch mode sees)."""
     found = overloads(name)
     return bool(found) and all(
-        overload.is_view or overload.overloadpacket in ALIASES or overload.overloadpacket in METADATA
-        for overload in found
+        overload.is_view or overload.overloadpacket in ALIASES | METADATA | EMPTY_ALLOCATIONS for overload in found
     )
