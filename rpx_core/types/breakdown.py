@@ -125,7 +125,7 @@ class BreakdownResult:
     time_convention: str  # how measured time was taken and shared out
     matching: str  # how counted operators were matched to profiled ones
     bound_convention: str  # the bound's peaks, or why there is none
-    cost: StageCost
+    cost: StageCost | None = None  # what the breakdown itself cost; None where its provider did not measure it
     #: True: times are a device's work (GPU kernels, memsets, copies); False: the host's operator calls (the CPU),
     #: where "idle before" is host time between operators (the interpreter, hooks) rather than waiting for launches.
     on_device: bool = True

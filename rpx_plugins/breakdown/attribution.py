@@ -14,7 +14,7 @@ from rpx_core.types.breakdown import BreakdownOptions, BreakdownResult, StageCos
 from rpx_core.types.counts import ROOT_MODULE, OpRecord
 from rpx_plugins.breakdown.matching import align, fill_modules, shapes_of
 from rpx_plugins.breakdown.rows import Roof, busy_us, tables
-from rpx_plugins.breakdown.trace import Trace, read_calls
+from rpx_plugins.breakdown.trace import ProfiledCall, read_calls
 
 MATCHING = (
     "profiled operators (the outermost operator of each nest that does not decompose into others, the level the "
@@ -42,7 +42,7 @@ class Attribution(NamedTuple):
     unmatched_counted: list[OpRecord]  # counted calls with work (FLOPs or bytes) the profile does not show
 
 
-def attribute(trace: Trace, calls: Sequence[OpRecord], free: Callable[[str], bool]) -> Attribution:
+def attribute(trace: ProfiledCall, calls: Sequence[OpRecord], free: Callable[[str], bool]) -> Attribution:
     """Match the trace's operators to ``calls`` (the counter's, in call order). An unmatched operator the counter
     skips by definition (``free``: views, metadata) is given a call of zero cost, so it is counted, at nothing."""
     mapping = align([(op.name, op.shapes) for op in trace.ops], [(call.op, shapes_of(call.inputs)) for call in calls])
@@ -61,7 +61,7 @@ def attribute(trace: Trace, calls: Sequence[OpRecord], free: Callable[[str], boo
                                                                               or call.bytes_written)])
 
 
-def median_call(traces: Sequence[Trace]) -> Trace:
+def median_call(traces: Sequence[ProfiledCall]) -> ProfiledCall:
     """The call whose busy time is the median (the lower one of an even count): one real call, all its rows."""
     return sorted(traces, key=busy_us)[(len(traces) - 1) // 2]
 
@@ -82,10 +82,10 @@ def breakdown(events: Iterable[Mapping[str, Any]], calls: Sequence[OpRecord], me
     return breakdown_of(read_calls(events, decomposes), calls, measured, **settings)
 
 
-def breakdown_of(profiled: Sequence[Trace], calls: Sequence[OpRecord], measured: Measured, *,
-                 free: Callable[[str], bool], roof: Roof | None, bound_convention: str, options: BreakdownOptions,
-                 cost: StageCost, device_name: str | None = None, gpu: str | None = None, precision: str = ""
-                 ) -> BreakdownResult:
+def breakdown_of(profiled: Sequence[ProfiledCall], calls: Sequence[OpRecord], measured: Measured, *,
+                 roof: Roof | None, bound_convention: str, cost: StageCost | None = None,
+                 options: BreakdownOptions = BreakdownOptions(), free: Callable[[str], bool] = lambda name: False,
+                 device_name: str | None = None, gpu: str | None = None, precision: str = "") -> BreakdownResult:
     """The breakdown of the profiled calls, joined with the counter's ``calls`` of the same call: each operator's
     median over the calls when they ran the same operators, else the call whose device was busy for the median time.
     ``free(name)`` says which operators the counter skips as costing nothing, ``roof`` is the local GPU's (None: no

@@ -1,7 +1,7 @@
 """From one profiled call to the breakdown's tables: time per operator, call signature and module, against bounds.
 
-Pure arithmetic over :class:`~rpx_plugins.breakdown.trace.Trace` (no torch), framework-agnostic: a backend that
-reads its own profiler builds a Trace and calls :func:`tables`.
+Pure arithmetic over :class:`~rpx_plugins.breakdown.trace.ProfiledCall` (no torch), framework-agnostic: a backend that
+reads its own profiler builds a ProfiledCall and calls :func:`tables`.
 
 * Several profiled calls of the same operators become one: each operator's time is its median over them.
 * Device time is shared out by sweeping the activities: an instant covered by k activities gives each 1/k of it,
@@ -22,7 +22,7 @@ from typing import NamedTuple, Protocol
 from rpx_core.plugin import stats
 from rpx_core.types.breakdown import IDLE_ROW, NO_OPERATOR_ROW, TimeRow
 from rpx_core.types.counts import ROOT_MODULE
-from rpx_plugins.breakdown.trace import Trace
+from rpx_plugins.breakdown.trace import ProfiledCall
 from rpx_plugins.roofline.bounds import bottleneck, call_seconds
 
 
@@ -76,7 +76,7 @@ class Tables(NamedTuple):
     profiled_idle_ms: float
 
 
-def device_time(trace: Trace) -> tuple[list[float], list[float]]:
+def device_time(trace: ProfiledCall) -> tuple[list[float], list[float]]:
     """Each activity's exclusive share of busy time, and the device idle right before it (both us)."""
     activities = trace.activities
     shares = [0.0] * len(activities)
@@ -102,7 +102,7 @@ def device_time(trace: Trace) -> tuple[list[float], list[float]]:
     return shares, idle
 
 
-def busy_us(trace: Trace) -> float:
+def busy_us(trace: ProfiledCall) -> float:
     """Time the device was busy in the call (the union of its activities), us."""
     return sum(device_time(trace)[0])
 
@@ -116,7 +116,7 @@ class Profiled(NamedTuple):
     wall_us: float
 
 
-def timed_ops(trace: Trace, counted: Sequence[CountedCall | None], modules: Sequence[str]) -> Profiled:
+def timed_ops(trace: ProfiledCall, counted: Sequence[CountedCall | None], modules: Sequence[str]) -> Profiled:
     """Every operator call of one profiled call with its device time, and the work no operator launched."""
     shares, idle = device_time(trace)
     time_us = [0.0] * len(trace.ops)
@@ -141,7 +141,7 @@ def timed_ops(trace: Trace, counted: Sequence[CountedCall | None], modules: Sequ
     return Profiled(timed, orphans, orphan_idle, trace.wall_us)
 
 
-def combined(traces: Sequence[Trace], counted: Sequence[CountedCall | None], modules: Sequence[str]) -> Profiled:
+def combined(traces: Sequence[ProfiledCall], counted: Sequence[CountedCall | None], modules: Sequence[str]) -> Profiled:
     """Several profiled calls of the same operators as one: each operator's time (and idle before it) is its median
     over the calls, so a call descheduled in one operator does not move that operator's figure; likewise the work no
     operator launched, per kernel name, and the wall time. ``counted`` and ``modules`` are per operator of each."""
@@ -162,7 +162,7 @@ def _median(values: list[float]) -> float:
     return stats.percentile(values, 50)
 
 
-def tables(traces: Sequence[Trace], counted: Sequence[CountedCall | None], modules: Sequence[str], call_ms: float,
+def tables(traces: Sequence[ProfiledCall], counted: Sequence[CountedCall | None], modules: Sequence[str], call_ms: float,
            roof: Roof | None, *, module_depth: int, overhead_below: float) -> Tables:
     """The breakdown's tables for profiled calls of the same operators (see :func:`combined`); ``counted`` and
     ``modules`` hold, for each operator, its counted call (None: unmatched) and its module path."""

@@ -14,8 +14,9 @@ import json
 import tempfile
 import time
 import warnings
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import attrs
 
@@ -47,8 +48,10 @@ def profiler_activities(device: str) -> list[Any]:
     return [ProfilerActivity.CPU, getattr(ProfilerActivity, DEVICE_ACTIVITIES[kind])]
 
 
-def counted_calls(ctx: StageContext, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[OpRecord, ...]:
-    """The counter's calls of one pass of the placed model on the device, in call order.
+def count_calls(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], formulas: Iterable[Any] = ()
+                ) -> tuple[OpRecord, ...]:
+    """The counter's calls of one pass of ``model`` where it is (the device it will be profiled on), in call order:
+    one OpRecord (count 1) per call, with its full module path. ``formulas``: plugins' operator formulas.
 
     Counted under no_grad, as count_flops counts, not under inference mode: there a dispatch mode sees composite
     operators (aten::linear) before they decompose, while the profiled call (no mode active) runs their parts
@@ -58,8 +61,7 @@ def counted_calls(ctx: StageContext, model: Any, args: tuple[Any, ...], kwargs: 
     from rpx_plugins.torch.counter import count_model
 
     with torch.inference_mode(False), torch.no_grad():
-        return count_model(model, args, kwargs, formulas=ctx.plugins.op_formulas() if ctx.plugins else (),
-                           sequence=True).calls
+        return count_model(model, args, kwargs, formulas=formulas, sequence=True).calls
 
 
 def profiled_calls(call: Callable[[], Any], synchronize: Callable[[], None], activities: list[Any], calls: int
@@ -125,7 +127,7 @@ def measure_breakdown(ctx: StageContext) -> BreakdownResult:
         with gc_paused():
             sampling = sample_calls(call, timer, options.reference_calls, options.max_seconds)
         timed = clock()
-        calls = counted_calls(ctx, model, args, kwargs)
+        calls = count_calls(model, args, kwargs, ctx.plugins.op_formulas() if ctx.plugins else ())
         counted = clock()
         with gc_paused():
             events = profiled_calls(call, synchronize, activities, options.profiled_calls)

@@ -41,7 +41,7 @@ NOT_TENSORS = frozenset({"", "Scalar", "ScalarList", "GenericList", "Device", "L
                          "int", "bool", "str", "None"})
 
 
-class Op(NamedTuple):
+class ProfiledOp(NamedTuple):
     """One operator call at the counter's level."""
 
     name: str  # "aten.mm" (the counter's spelling of "aten::mm")
@@ -50,7 +50,7 @@ class Op(NamedTuple):
     end: float  # host time it returned, us
 
 
-class Activity(NamedTuple):
+class DeviceActivity(NamedTuple):
     """One piece of device work (or, in a CPU profile, one operator's own span)."""
 
     name: str  # the kernel's name
@@ -60,11 +60,11 @@ class Activity(NamedTuple):
     launched: float | None  # host time of its launch call, us, when known
 
 
-class Trace(NamedTuple):
+class ProfiledCall(NamedTuple):
     """One profiled call: its operators at the counter's level in call order, its device work, its window."""
 
-    ops: tuple[Op, ...]
-    activities: tuple[Activity, ...]  # in start order
+    ops: tuple[ProfiledOp, ...]
+    activities: tuple[DeviceActivity, ...]  # in start order
     start: float  # us
     end: float  # us
     on_device: bool  # True when the activities are device work, False when they are the operators' own spans
@@ -106,7 +106,7 @@ def _shape(dims: Sequence[int]) -> str:
     return "[" + ",".join(str(size) for size in dims) + "]"
 
 
-def read_calls(events: Iterable[Mapping[str, Any]], decomposes: Callable[[str], bool]) -> list[Trace]:
+def read_calls(events: Iterable[Mapping[str, Any]], decomposes: Callable[[str], bool]) -> list[ProfiledCall]:
     """Each call in ``events``, in order: one per ``MARKER`` annotation (everything from its start to the next
     marker's start is that call's), or the whole trace as one call when there is no marker.
 
@@ -134,24 +134,24 @@ def read_calls(events: Iterable[Mapping[str, Any]], decomposes: Callable[[str], 
 
 
 def _call(host: list[Mapping[str, Any]], device: list[Mapping[str, Any]], launches: Mapping[Any, Mapping[str, Any]],
-          marker: Mapping[str, Any] | None, decomposes: Callable[[str], bool]) -> Trace:
+          marker: Mapping[str, Any] | None, decomposes: Callable[[str], bool]) -> ProfiledCall:
     """One call: its operators at the counter's level, its device work and who launched it, its window."""
     ops, owners = _kept_ops(host, decomposes)
     if device:
         activities = _device_activities(device, launches, owners)
     else:
-        activities = [Activity(op.name, op.start, op.end, index, op.start) for index, op in enumerate(ops)]
+        activities = [DeviceActivity(op.name, op.start, op.end, index, op.start) for index, op in enumerate(ops)]
     starts = [marker["ts"]] if marker is not None else [e["ts"] for e in host] or [a.start for a in activities]
     ends = [a.end for a in activities] + [_end(e) for e in host] + ([_end(marker)] if marker is not None else [])
     start = min(starts) if starts else 0.0
-    return Trace(tuple(ops), tuple(activities), start, max(ends) if ends else start, bool(device))
+    return ProfiledCall(tuple(ops), tuple(activities), start, max(ends) if ends else start, bool(device))
 
 
 def _end(event: Mapping[str, Any]) -> float:
     return event["ts"] + event.get("dur", 0.0)
 
 
-def _kept_ops(host: list[Mapping[str, Any]], decomposes: Callable[[str], bool]) -> tuple[list[Op], _Owners]:
+def _kept_ops(host: list[Mapping[str, Any]], decomposes: Callable[[str], bool]) -> tuple[list[ProfiledOp], _Owners]:
     """The outermost operator of each nest that does not decompose, in call order, and which of them each host
     operator event runs inside."""
     kept: list[tuple[Mapping[str, Any], tuple[Any, Any]]] = []
@@ -174,7 +174,7 @@ def _kept_ops(host: list[Mapping[str, Any]], decomposes: Callable[[str], bool]) 
                 inside[(*thread, event["args"].get("External id"))] = index
     order = sorted(range(len(kept)), key=lambda i: kept[i][0]["ts"])
     renumber = {old: new for new, old in enumerate(order)}
-    ops = [Op(op_name(kept[old][0]["name"]), tensor_shapes(kept[old][0].get("args") or {}), kept[old][0]["ts"],
+    ops = [ProfiledOp(op_name(kept[old][0]["name"]), tensor_shapes(kept[old][0].get("args") or {}), kept[old][0]["ts"],
               _end(kept[old][0])) for old in order]
     spans: dict[tuple[Any, Any], list[tuple[float, float, int]]] = defaultdict(list)
     for old in order:
@@ -210,12 +210,12 @@ class _Owners:
 
 
 def _device_activities(device: list[Mapping[str, Any]], launches: Mapping[Any, Mapping[str, Any]], owners: _Owners
-                       ) -> list[Activity]:
+                       ) -> list[DeviceActivity]:
     """Each device activity with the kept operator that launched it, and when its launch call ran."""
     activities = []
     for event in device:
         args = event.get("args") or {}
         launch = launches.get(args.get("correlation"))
-        activities.append(Activity(event["name"], event["ts"], _end(event), owners.of(args.get("External id"), launch),
+        activities.append(DeviceActivity(event["name"], event["ts"], _end(event), owners.of(args.get("External id"), launch),
                                    None if launch is None else launch["ts"]))
     return activities

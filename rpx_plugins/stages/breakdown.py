@@ -149,6 +149,13 @@ def _answers(name: str, result: Any) -> list[str]:
         lost.append(f"{result.unmatched_counted} counted call(s) not in the profile "
                     f"({units.flops(result.unmatched_counted_flops)})")
     lines.append(f"{name}: not attributed: {'; '.join(lost) if lost else 'nothing'}")
+    cost = field(result, "cost")
+    if cost is not None:
+        phases = (("warm-up", cost.warmup_seconds), ("reference calls", cost.reference_seconds),
+                  ("counting", cost.counting_seconds), ("profiling", cost.profiling_seconds),
+                  ("attribution", cost.attribution_seconds))
+        lines.append(f"{name}: the breakdown itself took {units.seconds(sum(s for _, s in phases))} ("
+                     + ", ".join(f"{phase} {units.seconds(seconds)}" for phase, seconds in phases) + ")")
     return lines + [f"{name}: {note}" for note in result.notes]
 
 
