@@ -92,7 +92,8 @@ def test_markers_split_the_trace_into_calls_and_other_threads_are_left_out() -> 
     marker = {"ph": "X", "cat": "user_annotation", "name": MARKER, "pid": 1, "tid": 1}
     first = [op("aten::mm", 10, 10, 1), op("aten::add", 30, 5, 2)]
     second = [op("aten::mm", 110, 30, 3), op("aten::add", 150, 5, 4), op("aten::mul", 120, 5, 9, tid=2)]
-    calls = read_calls([{**marker, "ts": 0, "dur": 40}, *first, {**marker, "ts": 100, "dur": 60}, *second],
+    on_gpu = {**marker, "cat": "gpu_user_annotation", "pid": 0, "tid": 7, "ts": 50, "dur": 30}  # Kineto's copy
+    calls = read_calls([{**marker, "ts": 0, "dur": 40}, *first, on_gpu, {**marker, "ts": 100, "dur": 60}, *second],
                        decomposes)
     assert [[(o.name, o.start) for o in call.ops] for call in calls] == [
         [("aten.mm", 10), ("aten.add", 30)], [("aten.mm", 110), ("aten.add", 150)]]

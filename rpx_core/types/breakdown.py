@@ -100,7 +100,7 @@ class StageCost:
     """What the breakdown itself cost, in host seconds, by phase: it is one profiled call per job, plus these."""
 
     warmup_seconds: float  # untimed calls before measuring
-    reference_seconds: float  # the calls timed without the profiler
+    reference_seconds: float  # the calls timed without the profiler (and one collection of Python's garbage first)
     counting_seconds: float  # the counter's pass over the same call, on the device, in call order
     profiling_seconds: float  # the profiler's warm-up call and the profiled calls, trace export included
     attribution_seconds: float  # reading the trace, matching operators, building the tables

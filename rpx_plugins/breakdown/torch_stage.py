@@ -1,10 +1,10 @@
 """The built-in ``measure_breakdown`` stage for torch models, on the ``cpu`` and ``cuda`` backends.
 
-In order, under the backend's inference context (as ``measure_latency`` times calls): warm-up; reference calls timed
-without any profiler (their median is the call the tables add up to); the counter's pass over the same call, on the
-device, listing every call in order; then ``torch.profiler`` over two calls, the first only warming the profiler up
-(its buffers and CUPTI cost milliseconds once), the second recorded (CPU activities; CUDA activities on CUDA; input
-shapes). The trace is exported as chrome-trace JSON and read by the same code that reads traces saved elsewhere
+In order, under the backend's inference context (as ``measure_latency`` times calls): warm-up; the counter's pass
+over the same call, on the device, listing every call in order; reference calls timed without any profiler (their
+median is the call the tables add up to); then ``torch.profiler`` over one call that only warms the profiler up (its
+buffers and CUPTI cost milliseconds once) and ``profiled_calls`` recorded ones (CPU activities; CUDA activities on
+CUDA; input shapes). The trace is exported as chrome-trace JSON and read by the same code that reads traces saved elsewhere
 (:mod:`rpx_plugins.breakdown.attribution`).
 """
 
@@ -110,36 +110,44 @@ def measure_breakdown(ctx: StageContext) -> BreakdownResult:
 
     options: BreakdownOptions = ctx.options("measure_breakdown") or BreakdownOptions()
     backend, device = ctx.backend, ctx.job.device
-    activities = profiler_activities(device)
+    profiler_activities(device)  # a device torch.profiler records no kernels of is refused before anything runs
     model = ctx.model()
     if not isinstance(model, torch.nn.Module):
         raise NotApplicable(f"model {ctx.job.model.name!r} is a {type(model).__name__}, not a torch.nn.Module: rpx "
                             "cannot count its operators, so their time cannot be set against their work")
     args, kwargs = ctx.inputs(1)
+    measured, calls, events, cost = measured_calls(ctx, model, args, kwargs, options)
+    roof, gpu, convention = roof_of(ctx)
+    started = time.perf_counter()
+    result = breakdown(events, calls, measured, decomposes=decomposes, free=free, roof=roof,
+                       bound_convention=convention, options=options, cost=cost,
+                       device_name=backend.device_name(device), gpu=gpu, precision=ctx.job.precision)
+    return attrs.evolve(result, cost=attrs.evolve(cost, attribution_seconds=time.perf_counter() - started))
+
+
+def measured_calls(ctx: StageContext, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   options: BreakdownOptions) -> tuple[Measured, tuple[OpRecord, ...], list[dict], StageCost]:
+    """Warm-up, the counted pass, then (with Python's collector paused once) the reference calls and the profiled
+    calls; and what each phase cost."""
+    backend, device = ctx.backend, ctx.job.device
     call = model_call(backend, model, args, kwargs)
-    synchronize = lambda: backend.synchronize(device)  # noqa: E731
     timer = backend.timer(device)
+    synchronize = lambda: backend.synchronize(device)  # noqa: E731
     clock = time.perf_counter
     with backend.inference_context():
         began = clock()
         warm_up(call, synchronize, options.warmup_calls, options.warmup_seconds)
         warmed = clock()
-        with gc_paused():
-            sampling = sample_calls(call, timer, options.reference_calls, options.max_seconds)
-        timed = clock()
         calls = count_calls(model, args, kwargs, ctx.plugins.op_formulas() if ctx.plugins else ())
         counted = clock()
         with gc_paused():
-            events = profiled_calls(call, synchronize, activities, options.profiled_calls)
+            sampling = sample_calls(call, timer, options.reference_calls, options.max_seconds)
+            timed = clock()
+            events = profiled_calls(call, synchronize, profiler_activities(device), options.profiled_calls)
         profiled = clock()
-    roof, gpu, convention = roof_of(ctx)
-    measured = Measured(stats.percentile(sampling.samples_s, 50) * 1e3, len(sampling.samples_s), timer.clock,
-                        stats.spread(sampling.samples_s))
-    cost = StageCost(warmed - began, timed - warmed, counted - timed, profiled - counted, 0.0)
-    result = breakdown(events, calls, measured, decomposes=decomposes, free=free, roof=roof,
-                       bound_convention=convention, options=options, cost=cost,
-                       device_name=backend.device_name(device), gpu=gpu, precision=ctx.job.precision)
-    return attrs.evolve(result, cost=attrs.evolve(cost, attribution_seconds=clock() - profiled))
+    samples = sampling.samples_s
+    measured = Measured(stats.percentile(samples, 50) * 1e3, len(samples), timer.clock, stats.spread(samples))
+    return measured, calls, events, StageCost(warmed - began, timed - counted, counted - warmed, profiled - timed, 0.0)
 
 
 @hookimpl(trylast=True)

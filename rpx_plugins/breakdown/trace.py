@@ -32,6 +32,9 @@ from typing import Any, NamedTuple
 
 #: The annotation rpx wraps around the profiled call (torch.profiler.record_function).
 MARKER = "rpx: profiled call"
+#: Categories of the marker's host event (on CUDA, Kineto copies each annotation onto the device's timeline as a
+#: "gpu_user_annotation", which is not a call of its own).
+HOST_MARKERS = frozenset({"user_annotation", "cpu_op"})
 #: Categories of device work in Kineto traces.
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memset", "gpu_memcpy"})
 #: Categories of the host calls that launch device work (their ``correlation`` id names the activity).
@@ -115,7 +118,8 @@ def read_calls(events: Iterable[Mapping[str, Any]], decomposes: Callable[[str], 
     events = [event for event in events if event.get("ph") == "X"]
     launches = {event["args"]["correlation"]: event for event in events
                 if event.get("cat") in LAUNCH_CATEGORIES and "correlation" in (event.get("args") or {})}
-    markers = sorted((event for event in events if event.get("name") == MARKER), key=lambda event: event["ts"])
+    markers = sorted((event for event in events if event.get("name") == MARKER and event.get("cat") in HOST_MARKERS),
+                     key=lambda event: event["ts"])
     host = [event for event in events if event.get("cat") == "cpu_op"]
     device = sorted((event for event in events if event.get("cat") in DEVICE_CATEGORIES), key=lambda e: e["ts"])
     if not markers:
