@@ -122,7 +122,7 @@ def test_every_builtin_stage_is_documented_and_implemented():
     plugins = Plugins.load()
     stages = plugins.stages()
     assert set(stages) == {"count_params", "count_flops", "estimate_traffic", "roofline", "system_card",
-                           "measure_latency", "batch_search"}
+                           "measure_latency", "batch_search", "measure_breakdown"}
     for name in stages:
         stage = stages[name]
         assert stage.doc and stage.description, f"stage {name} is undocumented"
