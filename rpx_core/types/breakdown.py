@@ -15,9 +15,10 @@ Conventions shared by every figure here:
   ``matching`` states.
 * An operator's bound is max(FLOPs / peak, bytes / bandwidth) per call on the GPU the job ran on, at the run's
   precision (the roofline stage's per-operator bound, bound (3)); a row's bound is the sum over its calls.
-  ``fraction`` = bound / measured (1.0 = at the roofline). ``limited_by`` is the bound's roof (compute or memory) when
-  the row runs within ``1 / overhead_below`` of its bound, else "overhead": neither roof explains its time (fixed
-  per-kernel costs, launch latency, host work).
+  ``fraction`` = bound / measured (1.0 = at the roofline; above 1, the kernels moved fewer bytes than the unfused
+  count, which charges every operator its inputs and outputs, says: cache hits). ``limited_by`` is the bound's roof
+  (compute or memory) when the row runs within ``1 / overhead_below`` of its bound, else "overhead": neither roof
+  explains its time (fixed per-kernel costs, launch latency, host work).
 
 Plain attrs classes without torch, so the CLI can load, convert and print them without importing heavy libraries.
 """

@@ -101,9 +101,10 @@ def _conventions(results: list[Any], matching: bool = True) -> list[str]:
     """How times were taken, how operators were matched (left out on the console: long), what the bound says."""
     first = results[0]
     return [f"time: {field(first, 'time_convention')}", *([f"matching: {field(first, 'matching')}"] if matching else []),
-            "bound/measured: 100% = at the operator's roofline; limited by: the roof of its bound, or 'overhead' "
-            f"when the bound is under {units.percent(field(first, 'overhead_below', 0.1))} of the time (launches, "
-            "fixed per-kernel costs, host work)"]
+            "bound/measured: 100% = at the operator's roofline (above 100%: it moved fewer bytes than the unfused "
+            "count says, e.g. from cache); limited by: the roof of its bound, or 'overhead' when the bound is under "
+            f"{units.percent(field(first, 'overhead_below', 0.1))} of the time (launches, fixed per-kernel costs, "
+            "host work)"]
 
 
 def top_rows(run: Any) -> Table | None:

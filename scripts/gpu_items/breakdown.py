@@ -153,7 +153,7 @@ def main() -> int:
             ok &= check_matmuls(breakdown, gpu)
         print(show_text(result, stages, "markdown", ["breakdown"]), flush=True)
         if name.startswith("llama"):
-            print(show_text(result, stages, "markdown", ["breakdown_calls"]).split("\n\n")[0][:6000], flush=True)
+            print(show_text(result, stages, "markdown", ["breakdown_calls"]), flush=True)
     print(f"seconds: {time.perf_counter() - started:.1f}", flush=True)
     return 0 if ok else 1
 
