@@ -1,8 +1,8 @@
 """Which counted call each profiled operator call is: the join of measured time with counted work.
 
 The key is the operator's name and its tensor inputs' shapes, in call order: both sequences are the same program's
-operators at the same (dispatch) level, so they are aligned like two texts (:class:`difflib.SequenceMatcher`, every
-element significant). Calls whose name and shapes agree are matched first; between two such anchors, the calls left
+operators at the same (dispatch) level, so they are aligned like two texts, with the fewest insertions and deletions
+(:func:`common_pairs`). Calls whose name and shapes agree are matched first; between two such anchors, the calls left
 over are matched by name alone, in order (a profile that recorded no shapes, or a list argument recorded
 differently). A call matched on neither side stays unmatched and is reported, never guessed.
 
@@ -55,23 +55,64 @@ def align(profiled: Sequence[tuple[str, Sequence[str]]], counted: Sequence[tuple
     """For each profiled call (name, shapes), the index of the counted call it is, or None."""
     full_p = [key(name, shapes) for name, shapes in profiled]
     full_c = [key(name, shapes) for name, shapes in counted]
+    if full_p == full_c:  # the usual case, counted on the device it was profiled on: no alignment to search
+        return list(range(len(profiled)))
     matched: list[int | None] = [None] * len(profiled)
-    for tag, p_from, p_to, c_from, c_to in _opcodes(full_p, full_c):
-        if tag == "equal":
-            for offset in range(p_to - p_from):
-                matched[p_from + offset] = c_from + offset
-        elif tag == "replace":  # same place, different shapes: match by name within the gap
-            names_p = [family for family, _ in full_p[p_from:p_to]]
-            names_c = [family for family, _ in full_c[c_from:c_to]]
-            for inner, i_from, i_to, j_from, _ in _opcodes(names_p, names_c):
-                if inner == "equal":
-                    for offset in range(i_to - i_from):
-                        matched[p_from + i_from + offset] = c_from + j_from + offset
+    anchors = [(-1, -1), *common_pairs(full_p, full_c), (len(full_p), len(full_c))]
+    for (p_last, c_last), (p_next, c_next) in zip(anchors, anchors[1:]):
+        if p_last >= 0:
+            matched[p_last] = c_last
+        gap_p = [family for family, _ in full_p[p_last + 1 : p_next]]
+        gap_c = [family for family, _ in full_c[c_last + 1 : c_next]]
+        if gap_p and gap_c:  # the same place, other shapes: match by name within the gap
+            for i, j in common_pairs(gap_p, gap_c):
+                matched[p_last + 1 + i] = c_last + 1 + j
     return matched
 
 
-def _opcodes(first: list, second: list) -> list[tuple[str, int, int, int, int]]:
-    return difflib.SequenceMatcher(None, first, second, autojunk=False).get_opcodes()
+#: Beyond this many insertions and deletions, the alignment falls back to difflib's (faster, not always the fewest).
+MAX_EDITS = 1000
+
+
+def common_pairs(first: Sequence, second: Sequence) -> list[tuple[int, int]]:
+    """Index pairs (i, j), in order, of a longest common subsequence of ``first`` and ``second``: the alignment with
+    the fewest insertions and deletions (Myers' O((N + M) D) algorithm, D the edits). The fewest edits matter here:
+    a model repeats its layers, and an alignment that merely finds long common blocks (difflib) can pair a call with
+    the same call of the next layer. Beyond MAX_EDITS edits, difflib's blocks."""
+    n, m = len(first), len(second)
+    frontier = {1: 0}  # diagonal k = x - y -> the furthest x reached on it
+    history = []
+    for edits in range(min(n + m, MAX_EDITS) + 1):
+        history.append(dict(frontier))
+        for k in range(-edits, edits + 1, 2):
+            down = k == -edits or (k != edits and frontier[k - 1] < frontier[k + 1])
+            x = frontier[k + 1] if down else frontier[k - 1] + 1
+            y = x - k
+            while x < n and y < m and first[x] == second[y]:
+                x, y = x + 1, y + 1
+            frontier[k] = x
+            if x >= n and y >= m:
+                return _pairs_back(history, n, m)
+    blocks = difflib.SequenceMatcher(None, first, second, autojunk=False).get_matching_blocks()
+    return [(i + offset, j + offset) for i, j, size in blocks for offset in range(size)]
+
+
+def _pairs_back(history: list[dict[int, int]], n: int, m: int) -> list[tuple[int, int]]:
+    """The matched pairs of the path Myers' search found, walked back from the end."""
+    x, y = n, m
+    pairs = []
+    for edits in range(len(history) - 1, -1, -1):
+        frontier = history[edits]
+        k = x - y
+        down = k == -edits or (k != edits and frontier[k - 1] < frontier[k + 1])
+        previous_k = k + 1 if down else k - 1
+        previous_x = frontier[previous_k]
+        previous_y = previous_x - previous_k
+        while x > previous_x and y > previous_y:
+            x, y = x - 1, y - 1
+            pairs.append((x, y))
+        x, y = previous_x, previous_y
+    return pairs[::-1]
 
 
 def fill_modules(modules: Sequence[str | None], root: str) -> list[str]:
