@@ -46,7 +46,8 @@ def test_roofline_has_a_roof_per_gpu_and_the_model_points():
     labels = [line.get_label() for line in ax.get_lines()]
     gpus = list(run.models[0].result("roofline").gpus)
     assert all(f"{gpu} fp32" in labels for gpu in gpus)
-    assert "measured on cpu (p50)" in labels and "model, fused traffic" in labels
+    assert "tiny-cnn measured on cpu (p50)" in labels and "tiny-cnn, fused traffic" in labels
+    assert "tiny-transformer, fused traffic" in labels  # every model on one chart, with a legend
     assert ax.get_xscale() == ax.get_yscale() == "log"
     # the roof of the first GPU flattens at its peak
     roof = ax.get_lines()[0]

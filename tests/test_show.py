@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from rpx_core.api import load_results
 from rpx_core.commands.show import show_text as show_with
+from rpx_core.errors import RpxError
 from rpx_core.show import tables as views
 from rpx_core.show import units
 from rpx_plugins.stages import batch_search, counts
@@ -141,3 +143,58 @@ def test_cli_show_and_its_errors(tmp_path):
     foreign = subprocess.run([sys.executable, "-m", "rpx_core.cli", "show", str(bad)], capture_output=True, text=True,
                              timeout=120)
     assert foreign.returncode == 2 and "Traceback" not in foreign.stderr, foreign.stderr
+
+
+def test_a_spec_given_where_results_are_expected_is_named_as_a_spec():
+    spec = DATA / "batch.toml"
+    for command in (["show", str(spec)], ["plot", str(spec), "--kind", "batch", "-o", "x.png"],
+                    ["compare", str(spec), str(BATCH)], ["report", str(spec), "-o", "x.html"]):
+        done = subprocess.run([sys.executable, "-m", "rpx_core.cli", *command], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, command
+        assert f"{spec}: this is a spec (its [[models]] name sources), not a results file: run it with `rpx run " \
+            in done.stderr, (command, done.stderr)
+
+
+#: A unit a header may end with (a word of its own): if it does, every cell must show that unit or a bare number.
+HEADER_UNIT = re.compile(r"(?:^|\s)(ns|µs|ms|s|B|kB|MB|GB|TB|bytes|%|FLOP/s|TFLOP/s|FLOP/B|samples/s|frames/s|fps)$")
+BARE_NUMBER = re.compile(r"[-+]?\d[\d.,]*( ?[kMGT])?")
+
+
+def markdown_tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
+    """(headers, rows of cell texts) of every pipe table."""
+    found = []
+    for block in text.split("### ")[1:]:
+        lines = [line for line in block.splitlines() if line.startswith("|")]
+        split = [[cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines]
+        found.append((split[0], split[2:]))
+    return found
+
+
+@pytest.mark.parametrize("source", [RUN_A, BATCH])
+def test_no_header_unit_contradicts_a_cell_in_any_format(source):
+    run = load_results(source)
+    every = list(views.views(STAGES))
+    markdown = markdown_tables(show_text(run, "markdown", every))
+    assert len(markdown) == len(views.tables(run, STAGES, every)) >= 1
+    for headers, rows in markdown:
+        for index, header in enumerate(headers):
+            unit = HEADER_UNIT.search(header)
+            for row in rows:
+                cell = row[index]
+                if unit and cell != "-":
+                    assert BARE_NUMBER.fullmatch(cell) or cell.endswith(f" {unit.group(1)}"), (header, cell)
+    terminal = show_text(run, "table", every)
+    assert all(header in terminal for headers, _ in markdown for header in headers)
+    data = json.loads(show_text(run, "json", every))
+    for name, table in data["tables"].items():  # raw values: a column with a unit holds numbers only
+        for index, column in enumerate(table["columns"]):
+            if column.endswith("]"):
+                values = [row[index] for row in table["rows"] if row[index] is not None]
+                assert all(isinstance(value, (int, float)) or isinstance(value, list) for value in values), column
+    for name in every:
+        try:
+            rows = list(csv.reader(io.StringIO(show_text(run, "csv", [name]))))
+        except RpxError:
+            continue  # no figures for that table in this file
+        assert rows[0] == data["tables"][name]["columns"]

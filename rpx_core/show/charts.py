@@ -8,7 +8,7 @@ lazily (headless), the label text drawn from data (never parsed as markup), and 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +40,40 @@ def pyplot() -> Any:
 
 
 def chart_views(stages: Mapping[str, Any]) -> dict[str, ChartView]:
-    """Every chart the stages declare, by name, in the stages' order."""
+    """Every chart the stages declare, by name, in the stages' order, then the sweep chart."""
+    from rpx_core.show.sweeps import sweep_views
+
     found: dict[str, ChartView] = {}
     for stage in stages.values():
         for view in stage.charts:
             found.setdefault(view.name, view)
+    found.setdefault("sweep", sweep_views(stages)[1])
     return found
+
+
+#: Colours by kind ("gpu", "model") and name, assigned once per process: a GPU has one colour on every chart.
+_COLOURS: dict[str, dict[str, str]] = {}
+PALETTE = tuple(f"C{index}" for index in range(10))
+
+
+def assign_colours(kind: str, names: Iterable[str]) -> None:
+    """Give ``names`` their colours in sorted order (a report does this for every GPU and model of its files first,
+    so the colours do not depend on which chart is drawn first)."""
+    for name in sorted(set(names)):
+        colour(kind, name)
+
+
+def colour(kind: str, name: str) -> str:
+    """The colour of ``name`` (a GPU, a model) on every chart of this process: the next free one at first use."""
+    taken = _COLOURS.setdefault(kind, {})
+    if name not in taken:
+        taken[name] = PALETTE[len(taken) % len(PALETTE)]
+    return taken[name]
+
+
+def plain(text: str) -> str:
+    """``text`` as matplotlib draws it literally: a name from data is never read as mathtext (``$1_$2``)."""
+    return text.replace("$", r"\$")
 
 
 def figure_for(run: Any, kind: str, stages: Mapping[str, Any]) -> Any:

@@ -75,6 +75,12 @@ class RunConsole:
             self._live.stop()
             self._live = None
 
+    def note(self, text: str) -> None:
+        """A line about what the run is doing before any stage starts (human modes only): a terminal is never left
+        blank while the spec is checked and the workers import the framework."""
+        if self.mode in ("live", "plain"):
+            print(f"rpx: {text}", file=self.err, flush=True)
+
     # -- events ------------------------------------------------------------------------------------------------------
 
     def __call__(self, model: str, event: Started | Finished | Progress) -> None:

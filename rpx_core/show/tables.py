@@ -151,13 +151,16 @@ GENERAL = (TableView("problems", stage_problems), TableView("summary", summary, 
 
 
 def views(stages: Mapping[str, Any]) -> dict[str, TableView]:
-    """Every table the ``stages`` (name -> Stage declaration, in registration order) declare, then the general ones,
-    by name. Two declarations of one table name: the first stage's wins (the registry reports stage clashes)."""
+    """Every table the ``stages`` (name -> Stage declaration, in registration order) declare, then the sweep table
+    and the general ones, by name. Two declarations of one table name: the first stage's wins (the registry reports
+    stage clashes)."""
+    from rpx_core.show.sweeps import sweep_views
+
     found: dict[str, TableView] = {}
     for stage in stages.values():
         for view in stage.tables:
             found.setdefault(view.name, view)
-    for view in GENERAL:
+    for view in (sweep_views(stages)[0], *GENERAL):
         found.setdefault(view.name, view)
     return found
 

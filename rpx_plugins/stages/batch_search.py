@@ -65,9 +65,9 @@ def trials_table(run: Any) -> Table | None:
               + ", ".join(f"{n}={b}" for n, b in zip(names, result.chosen_batch_sizes))
               if result.chosen_batch_sizes else "no combination fits")
     return Table("batch_search", "Batch search: trials (* = chosen; ± = the trial's own noise)",
-                 [Column("trial"), Column("batch sizes"), *[Column(f"{name} frames/s", "frames/s") for name in names],
-                  Column("pipeline frames/s", "frames/s"), Column("used", "bytes"), Column("outcome"),
-                  Column("seconds", "s")], rows, [choice, result.reason, budget])
+                 [Column("trial"), Column("batch sizes"), *[Column(f"{name} throughput", "frames/s") for name in names],
+                  Column("pipeline throughput", "frames/s"), Column("used", "bytes"), Column("outcome"),
+                  Column("elapsed", "s")], rows, [choice, result.reason, budget])
 
 
 def _noise(stage: Any) -> str:

@@ -83,10 +83,10 @@ def tier1(run: Any) -> Table | None:
     if not rows:
         return None
     return Table("tier1", "Tier 1: size and work of one pass",
-                 [Column("model"), Column("precision"), Column("params"), Column("param bytes", "bytes"),
+                 [Column("model"), Column("precision"), Column("params"), Column("weights", "bytes"),
                   Column("FLOPs", "FLOP"), Column("MACs", "MAC"), Column("matrix share", "fraction"),
-                  Column("unfused bytes", "bytes"), Column("fused bytes", "bytes"),
-                  Column("intensity unfused", "FLOP/B"), Column("activation bytes", "bytes")], rows,
+                  Column("traffic unfused", "bytes"), Column("traffic fused", "bytes"),
+                  Column("intensity unfused", "FLOP/B"), Column("activation peak", "bytes")], rows,
                  ["FLOPs = 2 x MACs for matrix work, plus other FLOPs from the per-element table; bytes at each "
                   "tensor's dtype; 1 GB = 1e9 bytes"])
 
@@ -119,7 +119,7 @@ def operators(run: Any) -> Table | None:
         return None
     return Table("operators", "Per operator",
                  [Column("model"), Column("operator"), Column("calls"), Column("FLOPs", "FLOP"),
-                  Column("matrix FLOPs", "FLOP"), Column("bytes (unfused)", "bytes"), Column("intensity", "FLOP/B")],
+                  Column("matrix FLOPs", "FLOP"), Column("traffic (unfused)", "bytes"), Column("intensity", "FLOP/B")],
                  rows)
 
 
@@ -140,8 +140,8 @@ def modules(run: Any) -> Table | None:
         return None
     return Table("modules", "Per module",
                  [Column("model"), Column("module"), Column("calls"), Column("FLOPs exclusive", "FLOP"),
-                  Column("FLOPs inclusive", "FLOP"), Column("bytes exclusive", "bytes"),
-                  Column("bytes inclusive", "bytes")], rows)
+                  Column("FLOPs inclusive", "FLOP"), Column("traffic exclusive", "bytes"),
+                  Column("traffic inclusive", "bytes")], rows)
 
 
 # -- what rpx compare puts side by side --------------------------------------------------------------------------------
@@ -156,16 +156,16 @@ def _read(stage: str, field: str) -> Any:
 
 
 def params_figures(models: Sequence[Any]) -> Iterable[Figure]:
-    return [Figure("params", _read("count_params", "total"), units.count, (CONVENTION,))]
+    return [Figure("params", _read("count_params", "total"), units.count, (CONVENTION,), unit="parameters")]
 
 
 def flops_figures(models: Sequence[Any]) -> Iterable[Figure]:
-    return [Figure("FLOPs", _read("count_flops", "total_flops"), units.flops, (SHAPES, CONVENTION))]
+    return [Figure("FLOPs", _read("count_flops", "total_flops"), units.flops, (SHAPES, CONVENTION), unit="FLOP")]
 
 
 def traffic_figures(models: Sequence[Any]) -> Iterable[Figure]:
     return [Figure(f"{kind} bytes", _read("estimate_traffic", f"{kind}_bytes"), units.size,
-                   (SHAPES, CONVENTION, PRECISION)) for kind in ("fused", "unfused")]
+                   (SHAPES, CONVENTION, PRECISION), unit="bytes", panel="traffic") for kind in ("fused", "unfused")]
 
 
 def flops_traits(run: Any, model: Any) -> dict[str, Any]:

@@ -142,13 +142,13 @@ def latency_table(run: Any) -> Table | None:
         return None
     notes = [*warnings,
              "per call at batch 1, each call synchronised; percentiles by linear interpolation; spread = IQR / p50; "
-             "call bytes: the measured region's peak less its start",
+             "call increment: the measured region's peak less its start",
              *(f"{mark}: {meaning}" for mark, meaning in MARKS.items()),
              *(f"clock ({', '.join(names)}): {clock}" for clock, names in clocks.items())]
     return Table("latency", "Tier 3: measured latency",
                  [Column("model"), Column("p50", "ms"), Column("p50 interval", "ms"), Column("p90", "ms"),
                   Column("p99", "ms"), Column("mean", "ms"), Column("spread", "fraction"), Column("samples"),
-                  Column("verdict"), Column("peak memory", "bytes"), Column("call bytes", "bytes")], rows, notes)
+                  Column("verdict"), Column("peak memory", "bytes"), Column("call increment", "bytes")], rows, notes)
 
 
 def throughput_table(run: Any) -> Table | None:
@@ -171,7 +171,7 @@ def throughput_table(run: Any) -> Table | None:
         return None
     return Table("throughput", "Tier 3: throughput per batch size",
                  [Column("model"), Column("batch"), Column("throughput", "samples/s"), Column("calls"),
-                  Column("seconds", "s"), Column("peak memory", "bytes"), Column("note")], rows,
+                  Column("elapsed", "s"), Column("peak memory", "bytes"), Column("note")], rows,
                  ["calls x batch / elapsed seconds of back-to-back calls; not a per-sample latency"])
 
 
@@ -197,12 +197,13 @@ THROUGHPUT_BAND = 0.05
 def latency_figures(models: Sequence[Any]) -> Iterable[Figure]:
     """The p50, then samples/s at every batch size any of the models measured."""
     found = [Figure("latency p50", _latency("p50_ms"), units.milliseconds, (SHAPES, PRECISION), measured=True,
-                    noise=latency_noise)]
+                    noise=latency_noise, unit="ms")]
     sizes = dict.fromkeys(row.batch_size for model in models if (lat := ok_result(model, "measure_latency"))
                           for row in lat.throughput)
     for size in sizes:
         found.append(Figure(f"throughput b{size}", _throughput(size), lambda v: units.rate(v, " samples/s"),
-                            (SHAPES, PRECISION), measured=True, higher_is_better=True, noise=throughput_noise))
+                            (SHAPES, PRECISION), measured=True, higher_is_better=True, noise=throughput_noise,
+                            unit="samples/s", panel="throughput"))
     return found
 
 
