@@ -18,7 +18,7 @@ def register(command: Any) -> None:
                       help="only these tables (repeatable): the names the stages declare (the built-in ones: tier1, "
                            "uncounted, operators, modules, roofline, latency, throughput, batch_search, breakdown, "
                            "breakdown_operators, breakdown_calls, breakdown_modules, breakdown_unattributed; and "
-                           "problems, summary); default: every table but the long breakdowns")
+                           "sweep, problems, summary); default: every table but the long breakdowns")
     show.set_defaults(handler=cmd_show)
 
 
