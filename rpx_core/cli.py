@@ -95,8 +95,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rpx_core.spec.checks import validate
 
     console = RunConsole(choose_mode(quiet=args.quiet, events=args.events))
-    if not args.dry_run:
-        console.note(f"checking {args.spec} and loading plugins")
     plugins = load_plugins(args)
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip()) if args.stages is not None else None
     overrides = {key: value for key, value in (("isolation", args.isolation), ("stage_timeout", args.stage_timeout),

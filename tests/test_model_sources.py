@@ -332,7 +332,7 @@ def test_profile_problems_are_one_line_each_naming_the_option(llama_dir: Path, t
     folder = rpx_cli("profile", "hf:./nope", "--input", "1x8", cwd=tmp_path)
     assert folder.returncode == 2
     assert folder.stderr.splitlines() == [
-        f"rpx: error: rpx profile: models[0].source: no such folder '{tmp_path / 'nope'}' (a local hf: model is a "
+        f"rpx: error: rpx profile: MODEL: no such folder '{tmp_path / 'nope'}' (a local hf: model is a "
         "folder holding config.json)"]
 
 

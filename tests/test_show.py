@@ -16,8 +16,7 @@ import pytest
 from rpx_core.api import load_results
 from rpx_core.commands.show import show_text as show_with
 from rpx_core.errors import RpxError
-from rpx_core.show import tables as views
-from rpx_core.show import units
+from rpx_core.show import declared, units
 from rpx_plugins.stages import batch_search, counts
 from rpx_plugins.stages import latency as latency_views
 from tests.conftest import builtin_stages
@@ -65,7 +64,7 @@ def test_terminal_shows_every_default_table_and_the_system_footer(run_a):
 def test_markdown_has_one_pipe_table_per_table(run_a):
     text = show_text(run_a, "markdown")
     headings = [line for line in text.splitlines() if line.startswith("### ")]
-    assert len(headings) == len(views.tables(run_a, STAGES))
+    assert len(headings) == len(declared.tables(run_a, STAGES))
     tier1 = text.split("### Tier 1")[1].split("###")[0]
     rows = [line for line in tier1.splitlines() if line.startswith("|")]
     assert len(rows) == 2 + len(run_a.models)  # header, alignment row, one per model
@@ -127,7 +126,7 @@ def test_the_cli_help_names_every_builtin_table():
 
     show = build_parser()._subparsers._group_actions[0].choices["show"]
     help_text = next(action.help for action in show._actions if action.dest == "table")
-    assert all(name in help_text for name in views.views(STAGES))
+    assert all(name in help_text for name in declared.table_views(STAGES))
 
 
 def test_cli_show_and_its_errors(tmp_path):
@@ -174,9 +173,9 @@ def markdown_tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
 @pytest.mark.parametrize("source", [RUN_A, BATCH])
 def test_no_header_unit_contradicts_a_cell_in_any_format(source):
     run = load_results(source)
-    every = list(views.views(STAGES))
+    every = list(declared.table_views(STAGES))
     markdown = markdown_tables(show_text(run, "markdown", every))
-    assert len(markdown) == len(views.tables(run, STAGES, every)) >= 1
+    assert len(markdown) == len(declared.tables(run, STAGES, every)) >= 1
     for headers, rows in markdown:
         for index, header in enumerate(headers):
             unit = HEADER_UNIT.search(header)

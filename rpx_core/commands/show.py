@@ -37,10 +37,11 @@ def show_text(run: Any, stages: dict[str, Any], fmt: str, names: list[str] | Non
     stream), the table format is written straight to it (in colour when it is a terminal) and "" returned."""
     import io
 
+    from rpx_core.show import declared
     from rpx_core.show import formats as render
     from rpx_core.show import tables as views
 
-    known = views.views(stages)
+    known = declared.table_views(stages)
     unknown = [name for name in names or () if name not in known]
     if unknown:
         from rpx_core.errors import did_you_mean
@@ -55,7 +56,7 @@ def show_text(run: Any, stages: dict[str, Any], fmt: str, names: list[str] | Non
         if table is None:
             raise RpxError(f"the results file has no figures for table {name!r}")
         return render.csv_text(table)
-    tables = views.tables(run, stages, names)
+    tables = declared.tables(run, stages, names)
     footer = views.footer(run, stages)
     if fmt == "markdown":
         return render.markdown(tables, footer)

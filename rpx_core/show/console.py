@@ -152,10 +152,10 @@ class RunConsole:
 def print_tables(run: Any, stages: Any) -> None:
     """The tables a run ends with (what ``rpx show`` prints without ``--table``), on stdout: coloured on a terminal,
     plain when piped."""
+    from rpx_core.show import declared
     from rpx_core.show import formats as render
-    from rpx_core.show import tables as views
 
-    render.terminal(views.tables(run, stages), [], sys.stdout)
+    render.terminal(declared.tables(run, stages), [], sys.stdout)
 
 
 def eta(started: float, event: Progress) -> float | None:
