@@ -20,12 +20,13 @@ from torch import nn
 import rpx_core as rpx
 from rpx_core.errors import NotApplicable, RpxError, UnsupportedError
 from rpx_core.show import charts, compare, report
-from rpx_core.show import tables as views
+from rpx_core.show import declared as views
 from rpx_core.testing import make_context, run_stage
 from rpx_core.types.breakdown import IDLE_ROW, BreakdownResult
 from rpx_plugins.breakdown.torch_stage import profiler_activities
 from rpx_plugins.stages.breakdown import breakdown_chart, ranked
 from tests.conftest import builtin_stages
+from tests.test_show import HEADER_UNIT
 
 WIDTH, ROWS, CHAIN = 256, 512, 100
 F32 = 4
@@ -165,6 +166,8 @@ def test_the_tables_answer_the_questions(results_file: Path) -> None:
     assert "host time before them outside any operator" in notes and "not attributed: nothing" in notes
     every = views.tables(run, stages, ["breakdown_operators", "breakdown_calls", "breakdown_modules"])
     assert [table.name for table in every] == ["breakdown_operators", "breakdown_calls", "breakdown_modules"]
+    for table in (top, *every):  # the cells carry their units: no title names one
+        assert not [title for title in table.titles if HEADER_UNIT.search(title)], table.name
     operators = every[0]
     assert sum(operators.column("time")) == pytest.approx(run.models[0].result("measure_breakdown").total_ms)
     assert "breakdown_modules" in report.render([("run", run)], stages)

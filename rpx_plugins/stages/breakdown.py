@@ -84,8 +84,8 @@ def _figures(row: Any) -> list[Cell]:
 
 FIGURE_COLUMNS = [Column("time", "ms"), Column("share", "fraction"), Column("bound", "ms"),
                   Column("bound/measured", "fraction"), Column("limited by"), Column("above bound", "ms")]
-WORK_COLUMNS = [Column("FLOPs", "FLOP"), Column("bytes", "bytes"), Column("achieved FLOP/s", "FLOP/s"),
-                Column("achieved bytes/s", "bytes/s")]
+WORK_COLUMNS = [Column("FLOPs", "FLOP"), Column("traffic", "bytes"), Column("achieved compute", "FLOP/s"),
+                Column("achieved bandwidth", "bytes/s")]
 
 
 def _work(row: Any) -> list[Cell]:
