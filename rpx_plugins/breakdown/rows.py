@@ -1,4 +1,4 @@
-"""From one profiled call to the breakdown's tables: time per operator, call signature and module, against bounds.
+"""From profiled calls to the breakdown's tables: time per operator, call signature and module, against bounds.
 
 Pure arithmetic over :class:`~rpx_plugins.breakdown.trace.ProfiledCall` (no torch), framework-agnostic: a backend that
 reads its own profiler builds a ProfiledCall and calls :func:`tables`.
@@ -46,7 +46,7 @@ class CountedCall(Protocol):
 
 
 class Roof(NamedTuple):
-    """The local GPU's peaks at the run's precision."""
+    """A GPU's peaks at one precision, which the bounds divide FLOPs and bytes by."""
 
     peak_flops: float  # FLOP/s
     bandwidth: float  # bytes/s

@@ -1,10 +1,10 @@
 """The built-in ``measure_breakdown`` stage for torch models, on the ``cpu`` and ``cuda`` backends.
 
-In order, under the backend's inference context (as ``measure_latency`` times calls): warm-up; the counter's pass
-over the same call, on the device, listing every call in order; reference calls timed without any profiler (their
-median is the call the tables add up to); then ``torch.profiler`` over one call that only warms the profiler up (its
-buffers and CUPTI cost milliseconds once) and ``profiled_calls`` recorded ones (CPU activities; CUDA activities on
-CUDA; input shapes). The trace is exported as chrome-trace JSON and read by the same code that reads traces saved elsewhere
+In order, under the backend's inference context (as ``measure_latency`` times calls): warm-up; the counter's pass over
+the same call, on the device, listing every call in order; reference calls timed without any profiler (their median is
+the call the tables add up to); then ``torch.profiler`` over one call that only warms the profiler up (its buffers and
+CUPTI cost milliseconds once) and ``profiled_calls`` recorded ones (CPU activities; CUDA activities on CUDA; input
+shapes). The trace is exported as chrome-trace JSON and read by the same code that reads traces saved elsewhere
 (:mod:`rpx_plugins.breakdown.attribution`).
 """
 
