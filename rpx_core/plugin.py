@@ -19,6 +19,11 @@ here too (and from :mod:`rpx_core.types`, the schema of the results they define)
   percentiles and the median's interval as :data:`stats`, :class:`MemoryPeak` with :func:`with_start` to fill in a
   region's start and increment, :class:`Timer`, :class:`Deadline` for a stage's own time budget,
   :func:`with_partial` to hand back what an interrupted stage finished, :data:`PROGRESS_INTERVAL`).
+* A backend's own breakdown (``measure_breakdown``): :class:`ProfiledCall` of :class:`ProfiledOp` and
+  :class:`DeviceActivity` (what ran in one profiled call, from any profiler), :func:`count_calls` (the counter's
+  calls of the same call, in order: torch), :class:`Measured` and :class:`Roof` (the call timed without a profiler;
+  the local GPU's peaks), and :func:`breakdown_of`, the :class:`BreakdownResult` from them (these live with the
+  built-in breakdown plugin and are imported from it on first use).
 * How a stage's results are shown (``Stage.tables``, ``figures``, ``charts``): :class:`Table` of :class:`Column`
   and :class:`Cell`, built by a :class:`TableView`; :class:`Figure` (with :class:`Noise`) for ``rpx compare``, the
   traits every model has (:data:`SHAPES`, :data:`PRECISION`); :class:`ChartView` with :func:`pyplot`, :func:`colour` (one colour per GPU or model on every chart) and
@@ -71,6 +76,7 @@ from rpx_core.show.tables import Cell, Column, Table, TableView, field, ok_resul
 from rpx_core.spec.limits import Deadline, seconds_validator
 from rpx_core.spec.schema import FLOAT_DTYPES, InputSpec, ModelSpec
 from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult
+from rpx_core.types.breakdown import BreakdownOptions, BreakdownResult, StageCost, TimeRow
 from rpx_core.types.counts import (
     CountOptions,
     FlopsResult,
@@ -84,9 +90,12 @@ from rpx_core.types.latency import LatencyOptions, LatencyResult, ThroughputResu
 from rpx_core.types.roofline import GPURoofline, RooflineOptions, RooflineResult
 from rpx_core.types.system_card import AcceleratorCard, SystemCard
 
-#: Base classes that live with a built-in plugin, imported from it on first use (importing this module imports no
-#: plugin, so a plugin that does not need them never loads the torch plugin's modules).
-_FROM_PLUGINS = {"TorchBackend": "rpx_plugins.torch.backend", "CpuBackend": "rpx_plugins.torch.cpu"}
+#: Base classes and helpers that live with a built-in plugin, imported from it on first use (importing this module
+#: imports no plugin, so a plugin that does not need them never loads the torch plugin's modules).
+_FROM_PLUGINS = {"TorchBackend": "rpx_plugins.torch.backend", "CpuBackend": "rpx_plugins.torch.cpu",
+                 **dict.fromkeys(("ProfiledCall", "ProfiledOp", "DeviceActivity"), "rpx_plugins.breakdown.trace"),
+                 **dict.fromkeys(("breakdown_of", "Measured"), "rpx_plugins.breakdown.attribution"),
+                 "Roof": "rpx_plugins.breakdown.rows", "count_calls": "rpx_plugins.breakdown.torch_stage"}
 
 
 def __getattr__(name: str) -> Any:
@@ -109,6 +118,8 @@ __all__ = [
     "Deadline", "with_partial", "PROGRESS_INTERVAL", "safe_read",
     "SystemCard", "AcceleratorCard",
     "BatchSearchResult", "BatchSearchOptions",
+    "BreakdownResult", "BreakdownOptions", "TimeRow", "StageCost",
+    "ProfiledCall", "ProfiledOp", "DeviceActivity", "breakdown_of", "Measured", "Roof", "count_calls",  # noqa: F822
     # how a stage's results are shown
     "Table", "Column", "Cell", "TableView", "Figure", "Noise", "SHAPES", "PRECISION", "ChartView", "pyplot", "colour",
     "plain", "units",

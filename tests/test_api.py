@@ -125,7 +125,7 @@ def test_every_builtin_stage_is_documented_and_implemented():
 
     assert set(stages) == {stage.name for stage in BUILTIN_STAGES} >= {
         "count_params", "count_flops", "estimate_traffic", "roofline", "system_card", "measure_latency",
-        "batch_search", "serve", "measure_serving"}
+        "batch_search", "serve", "measure_serving", "measure_breakdown"}
     for name in stages:
         stage = stages[name]
         assert stage.doc and stage.description, f"stage {name} is undocumented"

@@ -13,7 +13,8 @@ def register(command: Any) -> None:
     plot.add_argument("results", help="a results file written by `rpx run`")
     plot.add_argument("-o", "--output", required=True, metavar="FILE", help="the chart: .png or .svg")
     plot.add_argument("--kind", metavar="NAME",
-                      help="a chart the stages declare (the built-in ones: roofline, batch); default: the first one")
+                      help="a chart the stages declare (the built-in ones: roofline, batch, breakdown); default: the "
+                           "first one")
     plot.set_defaults(handler=cmd_plot)
 
 

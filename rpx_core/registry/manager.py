@@ -69,6 +69,8 @@ BUILTIN = {
     "latency": "rpx_plugins.latency",
     "batch-search": "rpx_plugins.batch_search.stage",
     "serving": "rpx_plugins.serving.stage",
+    "breakdown-torch": "rpx_plugins.breakdown.torch_stage",
+    "breakdown-jax": "rpx_plugins.breakdown.jax_stage",
     "model-sources": "rpx_plugins.sources",
     "local-executor": "rpx_plugins.executors.local",
     "ray-executor": "rpx_plugins.executors.ray",

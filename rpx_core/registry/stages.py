@@ -81,6 +81,8 @@ class Stage:
       ``ctx`` is a RunContext with one StageContext per model).
     * ``executes``: whether, with the given options, the stage runs the model on the backend (a function of the
       options, or True/False); ``rpx validate`` then refuses a precision the backend cannot execute.
+    * ``after``: stages this one runs after whenever both are in a job, without needing them (a stage that would
+      disturb another's measurement, as a profiler would a latency, runs after it).
     * ``measures``: whether the stage times the machine it runs on (latency, memory under load); a job with such a
       stage runs alone on its machine (the local executor runs it by itself, a cluster gives it a whole GPU).
     * ``check``: spec problems this stage can see before anything runs (e.g. the roofline needs GPUs); see
@@ -97,6 +99,7 @@ class Stage:
     description: str
     result: type | None = None
     needs: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
     options: type | None = None
     scope: Literal["model", "run"] = attrs.field(default="model", validator=attrs.validators.in_(("model", "run")))
     executes: Executes = attrs.field(default=_never, converter=_executes)
@@ -143,7 +146,15 @@ def _positional_count(function: Callable[..., Any]) -> int:
 
 
 def resolve_order(requested: Iterable[str], stages: Mapping[str, Stage]) -> list[str]:
-    """Requested stages plus everything they need, dependencies first, otherwise in request order."""
+    """Requested stages plus everything they need, dependencies (and the stages each runs ``after``, when they are
+    in the job too) first, otherwise in request order."""
+    requested = list(requested)
+    planned = _plan_order(requested, stages, set())
+    return _plan_order(requested, stages, set(planned))
+
+
+def _plan_order(requested: list[str], stages: Mapping[str, Stage], present: set[str]) -> list[str]:
+    """The order visiting ``needs``, and ``after`` where that stage is in ``present``."""
     order: list[str] = []
     visiting: list[str] = []
 
@@ -159,6 +170,9 @@ def resolve_order(requested: Iterable[str], stages: Mapping[str, Stage]) -> list
         visiting.append(name)
         for need in stages[name].needs:
             visit(need, name)
+        for earlier in stages[name].after:
+            if earlier in present:
+                visit(earlier, name)
         visiting.pop()
         order.append(name)
 

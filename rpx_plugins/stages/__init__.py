@@ -1,6 +1,6 @@
 """The built-in stages, declared like any plugin's: name, needs, options, result type, scope, hook, summary fields,
 and how their results are shown (tables, compare figures, charts). One module per stage family: counts (Tier 1),
-roofline, system_card, latency, batch_search, serving.
+roofline, system_card, latency, batch_search, serving, breakdown.
 
 The implementations are hook implementations elsewhere (``rpx_plugins.torch.counts``, ``rpx_plugins.jax.counts``,
 ``rpx_plugins.roofline``, ...), registered ``trylast`` so any installed plugin can answer first for its backends.
@@ -24,6 +24,10 @@ Summary fields (flat, table-friendly; ``docs/migrating.md`` maps the older ``rpx
 * ``throughput_b<N>_samples_per_s``: samples per second measured at batch size N.
 * ``peak_memory_mb``: peak memory of the measured batch-1 region / 1e6 (method in the latency result);
   ``peak_increment_mb`` is that peak minus the usage at the region's start: what the measured call itself needed.
+* ``breakdown_call_ms`` / ``breakdown_busy_ms`` / ``breakdown_idle_ms``: the breakdown's reference call (median,
+  timed without the profiler), the device's busy time in the profiled call, and the rest (host gaps, launch
+  overhead); ``breakdown_top_operator`` is the operator with the most time above its bound
+  (``breakdown_top_excess_ms``), or with the most time when there is no bound.
 * ``fraction_of_roofline``: bound / measured p50 on the GPU the job ran on (1.0 = at the roofline), only when that
   GPU is in a pack, one precision was bounded and Tier 1 counted batch 1 (latency is always measured at batch 1).
 * ``kv_bytes_per_token``: KV-cache bytes per sequence per position (serve, at the longest context counted);
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 from rpx_core.plugin import Stage, hookimpl
 from rpx_plugins.stages.batch_search import BATCH_SEARCH
+from rpx_plugins.stages.breakdown import MEASURE_BREAKDOWN
 from rpx_plugins.stages.counts import COUNT_FLOPS, COUNT_PARAMS, ESTIMATE_TRAFFIC
 from rpx_plugins.stages.latency import MEASURE_LATENCY
 from rpx_plugins.stages.roofline import ROOFLINE
@@ -46,7 +51,7 @@ from rpx_plugins.stages.serving import MEASURE_SERVING, SERVE
 from rpx_plugins.stages.system_card import SYSTEM_CARD
 
 BUILTIN_STAGES = (COUNT_PARAMS, COUNT_FLOPS, ESTIMATE_TRAFFIC, ROOFLINE, SYSTEM_CARD, MEASURE_LATENCY, BATCH_SEARCH,
-                  SERVE, MEASURE_SERVING)
+                  SERVE, MEASURE_SERVING, MEASURE_BREAKDOWN)
 
 
 @hookimpl

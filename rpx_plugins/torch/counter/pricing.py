@@ -99,6 +99,11 @@ def short(tensor: torch.Tensor) -> str:
     return f"{str(tensor.dtype).removeprefix('torch.')}[{','.join(map(str, tensor.shape))}]"
 
 
+def inputs_text(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A call's input tensors as a Price's ``inputs`` describes them: "float32[8,64], float32[64,256]"."""
+    return ", ".join(short(tensor) for value in (*args, *kwargs.values()) for tensor in tensors_in(value))
+
+
 def price_call(
     info: OpInfo,
     args: tuple[Any, ...],
@@ -140,7 +145,7 @@ def price_call(
         weight_read=weight_read,
         activation_read=activation_read,
         written=written,
-        inputs=", ".join(short(tensor) for tensor in tensors),
+        inputs=", ".join(short(tensor) for tensor in tensors),  # as inputs_text(args, kwargs) says it
         weight_reads=weight_reads,
         outputs=results,
     )
