@@ -103,22 +103,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     overrides = {key: value for key, value in (("isolation", args.isolation), ("stage_timeout", args.stage_timeout),
                                                ("job_timeout", args.job_timeout), ("executor", args.executor))
                  if value is not None}
-    with console.starting(f"checking {args.spec} and loading plugins"):
+    with console:  # on a terminal, a line says what rpx is doing from its first moment
+        console.note(f"checking {args.spec} and loading plugins")
         plugins = load_plugins(args)
         spec, plan = validate(args.spec, plugins, stages=stages, output=Path(args.output) if args.output else None,
                               execution=overrides)
-    output = Path(args.output) if args.output else spec.output_path()
+        output = Path(args.output) if args.output else spec.output_path()
+        if not args.dry_run:
+            console.note(f"{len(plan.jobs)} job(s), stages {', '.join(plan.stages)}: starting workers (each imports "
+                         "the framework once)")
+            result = run_spec(spec, output=output, fmt=args.format, stages=stages, plugins=plugins,
+                              spec_path=args.spec, observer=console, execution=overrides, resume=args.resume)
     if args.dry_run:
         from rpx_core.execution.executors import job_lines
 
         planned = plan_spec(spec, plugins, stages=stages, execution=overrides, spec_path=args.spec)
         echo("\n".join(job_lines(planned, plugins)))
         return EXIT_OK
-    console.note(f"{len(plan.jobs)} job(s), stages {', '.join(plan.stages)}; starting workers (each imports the "
-                 "framework once)")
-    with console:
-        result = run_spec(spec, output=output, fmt=args.format, stages=stages, plugins=plugins, spec_path=args.spec,
-                          observer=console, execution=overrides, resume=args.resume)
     console.finished(output, result.ok)
     if console.mode in ("live", "plain"):
         print_tables(result, plugins.stages(spec.choose).in_load_order())

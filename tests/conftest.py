@@ -73,15 +73,6 @@ def rpx_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     )
 
 
-def without_notes(stderr: str) -> str:
-    """``rpx run``'s stderr without the lines that say what it is doing before any stage starts ("rpx: checking
-    spec.toml ...", "rpx: 2 job(s), ..."), leaving its errors and warnings."""
-    import re
-
-    return "".join(line for line in stderr.splitlines(keepends=True)
-                   if not re.match(r"rpx: (checking |\d+ job\(s\), )", line))
-
-
 @pytest.fixture
 def write_spec(tmp_path: Path):
     """Write a spec TOML file into tmp_path and return its path."""

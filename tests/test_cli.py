@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from rpx_core import __version__
-from tests.conftest import rpx_cli, without_notes
+from tests.conftest import rpx_cli
 
 NO_TORCH = """
 import sys
@@ -39,7 +39,7 @@ def test_version():
 def test_missing_spec_is_one_line_exit_2(tmp_path):
     done = rpx_cli("run", str(tmp_path / "nope.toml"))
     assert done.returncode == 2
-    assert without_notes(done.stderr).strip() == f"rpx: error: {tmp_path / 'nope.toml'}: no such spec file"
+    assert done.stderr.strip() == f"rpx: error: {tmp_path / 'nope.toml'}: no such spec file"
 
 
 def test_plugins_lists_builtins_with_their_hooks():
@@ -73,7 +73,7 @@ def test_unwritable_output_is_one_line_before_anything_runs(write_spec, tmp_path
     (tmp_path / "afile").write_text("")
     done = rpx_cli("run", str(write_spec(SPEC)), "-o", str(tmp_path / "afile" / "x.toml"))
     assert done.returncode == 2
-    assert without_notes(done.stderr).strip().startswith(f"rpx: error: cannot write {tmp_path / 'afile' / 'x.toml'}: ")
+    assert done.stderr.strip().startswith(f"rpx: error: cannot write {tmp_path / 'afile' / 'x.toml'}: ")
     assert "count_params" not in done.stderr  # failed before the first stage
 
 

@@ -19,7 +19,6 @@ from rpx_core.errors import RpxError
 from rpx_core.results.records import RunResult
 from rpx_core.results.safe_write import OutputError, OutputLock, atomic_write, check_target, path_safe
 from rpx_core.results.serialise import dumps
-from tests.conftest import without_notes
 
 SPEC = """
 name = "{name}"
@@ -40,7 +39,7 @@ def spec_file(tmp_path: Path, name: str = "lin") -> Path:
 
 def run_cli(capsys, *args: str) -> tuple[int, str]:
     code = main(list(args))
-    return code, without_notes(capsys.readouterr().err)
+    return code, capsys.readouterr().err
 
 
 def test_output_over_the_spec_is_refused_and_the_spec_kept(tmp_path, capsys, monkeypatch):

@@ -13,11 +13,9 @@ names and errors are shown as text (rpx_core.show.text), never as terminal escap
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any, Literal, TextIO
 
 from rpx_core.execution.progress import Progress
@@ -53,6 +51,7 @@ class RunConsole:
         self._live: Any = None
         self._tasks: dict[tuple[str, str], Any] = {}
         self._phases: dict[Any, str] = {}
+        self._status: Any = None  # the live display's note line, until the first stage starts
 
     def __enter__(self) -> RunConsole:
         if self.mode == "live":
@@ -79,23 +78,17 @@ class RunConsole:
             self._live.stop()
             self._live = None
 
-    @contextlib.contextmanager
-    def starting(self, text: str) -> Iterator[None]:
-        """On a terminal, ``text`` with a spinner while rpx gets ready (checking the spec, loading plugins), erased
-        when it is ready or has failed: the screen is never blank, and an error stays its one line."""
-        if self.mode != "live":
-            yield
-            return
-        from rich.console import Console
-
-        with Console(file=self.err).status(f"rpx: {text}"):
-            yield
-
     def note(self, text: str) -> None:
-        """A line about what the run is doing before any stage starts (human modes only): a terminal is never left
-        blank while the spec is checked and the workers import the framework."""
-        if self.mode in ("live", "plain"):
-            print(f"rpx: {shown(text)}", file=self.err, flush=True)
+        """What the run is doing before its first stage starts (checking the spec, starting the workers), on a
+        terminal only: a spinner line, replaced by the next note and gone when the first stage starts or the run
+        ends, so the screen is never blank and an error stays its one line."""
+        if self.mode != "live" or self._live is None:
+            return
+        label = f"rpx: {shown(text)}"
+        if self._status is None:
+            self._status = self._live.add_task(label, total=None)
+        else:
+            self._live.update(self._status, description=label)
 
     # -- events ------------------------------------------------------------------------------------------------------
 
@@ -114,6 +107,9 @@ class RunConsole:
         elif self.mode == "plain":
             print(f"  {shown(model):<20} {shown(stage):<18} running", file=self.err, flush=True)
         elif self.mode == "live":
+            if self._status is not None:  # the first stage: the notes have said their piece
+                self._live.remove_task(self._status)
+                self._status = None
             self._tasks[(model, stage)] = self._live.add_task(_markup(f"{model} · {stage}"), total=None)
 
     def _on_progress(self, model: str, event: Progress) -> None:
