@@ -18,8 +18,8 @@ here too (and from :mod:`rpx_core.types`, the schema of the results they define)
   percentiles and the median's interval as :data:`stats`, :class:`MemoryPeak` with :func:`with_start` to fill in a
   region's start and increment, :class:`Timer`, :class:`Deadline` for a stage's own time budget,
   :func:`with_partial` to hand back what an interrupted stage finished, :data:`PROGRESS_INTERVAL`).
-* Precisions (:class:`Precision`, :func:`get_precision`, :func:`check_precision`, ``BYTES_PER_ELEMENT``) and GPU
-  packs (:class:`GPUSpec`, :class:`Peak`, :class:`GPUCatalog`).
+* Precisions (:class:`Precision`, :func:`get_precision`, :func:`check_precision`, :func:`precision_of_dtype`,
+  ``BYTES_PER_ELEMENT``) and GPU packs (:class:`GPUSpec`, :class:`Peak`, :class:`GPUCatalog`).
 * Operator formulas: :class:`OpFormula` (what ``rpx_register_op_formulas`` returns) and :mod:`rpx_core.cost_table`
   as :data:`cost_table` (the per-element FLOP costs behind every ``other_flops``).
 * Executors: :class:`Executor` (what ``rpx_register_executors`` returns), the :class:`WorkItem` jobs it receives
@@ -46,7 +46,14 @@ from rpx_core.execution.progress import INTERVAL as PROGRESS_INTERVAL
 from rpx_core.execution.stage_loop import failed_records
 from rpx_core.execution.tasks import Placed
 from rpx_core.loading import load_callable
-from rpx_core.precision import BYTES_PER_ELEMENT, PRECISIONS, Precision, check_precision, get_precision
+from rpx_core.precision import (
+    BYTES_PER_ELEMENT,
+    PRECISIONS,
+    Precision,
+    check_precision,
+    get_precision,
+    precision_of_dtype,
+)
 from rpx_core.registry.adapters import BUFFER, NON_TRAINABLE, TRAINABLE, JaxModel, ModelAdapter, adapter_for
 from rpx_core.registry.backends import Availability, Backend, MemoryPeak, Timer, with_start
 from rpx_core.registry.gpus import GPUCatalog, GPUSpec, MissingPeakError, Peak
@@ -96,7 +103,7 @@ __all__ = [
     "SystemCard", "AcceleratorCard",
     "BatchSearchResult", "BatchSearchOptions",
     # precisions and GPU packs
-    "Precision", "PRECISIONS", "get_precision", "check_precision", "BYTES_PER_ELEMENT",
+    "Precision", "PRECISIONS", "get_precision", "check_precision", "precision_of_dtype", "BYTES_PER_ELEMENT",
     "GPUSpec", "Peak", "GPUCatalog",
     # operator formulas
     "OpFormula", "cost_table",
