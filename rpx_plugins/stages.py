@@ -15,15 +15,21 @@ Summary fields (flat, table-friendly; ``docs/migrating.md`` maps the older ``rpx
 * ``actmem_gb_fp16``: peak live activation bytes if activations were 2 bytes per element / 1e9.
 * ``roofline_<gpu>_<precision>_ms``: the headline roofline bound (whole model, fused traffic) for that GPU and
   precision; ``bottleneck_<gpu>_<precision>`` names what limits it.
-* ``latency_p50_ms`` ...: measured per-call latency at batch 1 (numpy linear-interpolation percentiles);
-  ``latency_ms_per_sample`` is the p50 at batch 1 (never a batch's time divided by its size).
+* ``latency_p50_ms`` ...: measured per-call latency of the job's inputs as written (numpy linear-interpolation
+  percentiles); ``latency_batch_size`` is their batch dimension (absent for inputs without one) and
+  ``latency_ms_per_sample`` the p50 only when that is 1 (a batch's time is never divided by its size).
 * ``latency_p50_low_ms`` / ``latency_p50_high_ms``: the median's distribution-free confidence interval (95% by
-  default); ``latency_verdict`` is "stable", "noisy" or "too_few_samples"; ``latency_samples`` the sample count.
+  default); ``latency_verdict`` is "stable", "noisy" or "too_few_samples", ``latency_verdict_reasons`` why it is not
+  stable (interval, spread, tail, drift, warm-up, other work on the machine); ``latency_samples`` the sample count;
+  ``latency_warmup_seconds`` how long the warm-up took to settle.
 * ``throughput_b<N>_samples_per_s``: samples per second measured at batch size N.
-* ``peak_memory_mb``: peak memory of the measured batch-1 region / 1e6 (method in the latency result);
+* ``peak_memory_mb``: peak memory of the measured region / 1e6 (method in the latency result);
   ``peak_increment_mb`` is that peak minus the usage at the region's start: what the measured call itself needed.
-* ``fraction_of_roofline``: bound / measured p50 on the GPU the job ran on (1.0 = at the roofline), only when that
-  GPU is in a pack, one precision was bounded and Tier 1 counted batch 1 (latency is always measured at batch 1).
+* ``fraction_of_roofline``: bound / measured p50 on the GPU the job ran on (1.0 = at the roofline), at the precision
+  it ran at, only when that GPU is in a pack, the count and the measurement are of the same call (inputs, forward
+  only) and the fraction is at most 1; otherwise ``efficiency_problem`` says why (``rpx_plugins.efficiency``).
+* ``uncounted_ops`` / ``uncounted_call_share``: operators that ran without a FLOP formula (not in ``flops_g``) and
+  their share of all operator calls of the counted pass.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from rpx_core.types.counts import CountOptions, FlopsResult, ParamsResult, Traff
 from rpx_core.types.latency import LatencyOptions, LatencyResult
 from rpx_core.types.roofline import RooflineOptions, RooflineResult
 from rpx_core.types.system_card import SystemCard
+from rpx_plugins.efficiency import efficiency
 
 Fields = dict[str, float | str]
 
@@ -46,7 +53,22 @@ def params_fields(params: ParamsResult, results: Mapping[str, Any]) -> Fields:
 
 
 def flops_fields(flops: FlopsResult, results: Mapping[str, Any]) -> Fields:
-    return {"flops_g": flops.total_flops / 1e9, "matrix_flops_g": flops.matrix_flops / 1e9, "macs_g": flops.macs / 1e9}
+    fields: Fields = {"flops_g": flops.total_flops / 1e9, "matrix_flops_g": flops.matrix_flops / 1e9,
+                      "macs_g": flops.macs / 1e9}
+    uncounted = uncounted_calls(flops)
+    if uncounted is not None:
+        fields["uncounted_ops"], fields["uncounted_call_share"] = uncounted
+    return fields
+
+
+def uncounted_calls(flops: FlopsResult) -> tuple[int, float] | None:
+    """(operators without a FLOP formula, their share of every operator call of the counted pass); None when every
+    operator had one."""
+    if not flops.uncounted_ops:
+        return None
+    uncounted = sum(flops.uncounted_ops.values())
+    counted = sum(operator.calls for operator in flops.by_operator.values())
+    return len(flops.uncounted_ops), uncounted / (counted + uncounted)
 
 
 def traffic_fields(traffic: TrafficResult, results: Mapping[str, Any]) -> Fields:
@@ -73,7 +95,12 @@ def roofline_fields(roofline: RooflineResult, results: Mapping[str, Any]) -> Fie
 
 
 def latency_fields(latency: LatencyResult, results: Mapping[str, Any]) -> Fields:
-    fields: Fields = {"latency_ms_per_sample": latency.p50_ms}  # per-call latency at batch 1
+    fields: Fields = {}
+    batch = latency.measured_batch_size
+    if batch is not None:
+        fields["latency_batch_size"] = batch
+    if batch == 1:
+        fields["latency_ms_per_sample"] = latency.p50_ms  # one call of one sample; never a batch's time / its size
     for name in ("p50", "p90", "p95", "p99"):
         value = getattr(latency, f"{name}_ms")
         if value is not None:
@@ -86,6 +113,10 @@ def latency_fields(latency: LatencyResult, results: Mapping[str, Any]) -> Fields
         fields["latency_verdict"] = latency.verdict
         fields["latency_samples"] = latency.samples_count
         fields["latency_interval_confidence"] = latency.interval_confidence
+    if getattr(latency, "verdict_reasons", ()):
+        fields["latency_verdict_reasons"] = "; ".join(latency.verdict_reasons)
+    if getattr(latency, "warmup_settled", None) is not None:
+        fields["latency_warmup_seconds"] = latency.warmup_seconds
     if latency.peak_memory.peak_bytes is not None:
         fields["peak_memory_mb"] = latency.peak_memory.peak_bytes / 1e6
     if getattr(latency.peak_memory, "increment_bytes", None) is not None:
@@ -97,21 +128,21 @@ def latency_fields(latency: LatencyResult, results: Mapping[str, Any]) -> Fields
 
 
 def measured_vs_bound(latency: LatencyResult, results: Mapping[str, Any]) -> Fields:
-    """Measured p50 beside the roofline bound of the GPU it ran on, when both describe one call at batch 1."""
-    roofline, flops = results.get("roofline"), results.get("count_flops")
-    if roofline is None or not roofline.local_gpu or flops is None or flops.counted_batch_size != 1:
+    """Measured p50 beside the roofline bound of the GPU it ran on, for the same call (rpx_plugins.efficiency)."""
+    found = efficiency(latency, results.get("roofline"), results.get("count_flops"))
+    if found is None:
         return {}
-    bounds = roofline.gpus.get(roofline.local_gpu, {})
-    if len(bounds) != 1:
-        return {}
-    ((precision, bound),) = bounds.items()
-    return {
-        "measured_gpu": roofline.local_gpu,
-        "measured_vs_bound_precision": precision,
-        "measured_p50_ms": latency.p50_ms,
-        "roofline_bound_ms": bound.bound_ms_fused,
-        "fraction_of_roofline": bound.bound_ms_fused / latency.p50_ms,
+    fields: Fields = {
+        "measured_gpu": found.gpu,
+        "measured_vs_bound_precision": found.precision,
+        "measured_p50_ms": found.measured_ms,
+        "roofline_bound_ms": found.bound_ms,
     }
+    if found.fraction is not None:
+        fields["fraction_of_roofline"] = found.fraction
+    else:
+        fields["efficiency_problem"] = found.problem
+    return fields
 
 
 def roofline_needs_gpus(spec: Any, options: RooflineOptions) -> Iterable[str]:
@@ -184,15 +215,15 @@ SYSTEM_CARD = Stage(
 )
 MEASURE_LATENCY = Stage(
     "measure_latency",
-    "latency percentiles at batch 1, throughput per batch size, peak memory",
+    "latency percentiles of the job's inputs, throughput per batch size, peak memory",
     result=LatencyResult,
     needs=("system_card",),
     options=LatencyOptions,
     executes=always,
     measures=True,
     summary=latency_fields,
-    doc="Measure per-call latency at batch 1, throughput per batch size and peak memory of the measured region; "
-    "build percentiles with :mod:`rpx_core.stats` so they follow rpx's method and sufficiency rules.",
+    doc="Measure per-call latency of the job's inputs as written, throughput per batch size and peak memory of the "
+    "measured region; build percentiles with :mod:`rpx_core.stats` so they follow rpx's method and sufficiency rules.",
 )
 BATCH_SEARCH = Stage(
     "batch_search",
