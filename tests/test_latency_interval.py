@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 import statistics
 from fractions import Fraction
 from types import SimpleNamespace as NS
 
+import attrs
 import pytest
 import torch
 
@@ -23,12 +25,12 @@ from rpx_core.registry.backends import MemoryPeak, Timer
 from rpx_core.results.records import ModelResult, StageRecord
 from rpx_core.results.summary import summarise
 from rpx_core.show import units
-from rpx_core.show.tables import interval_text
 from rpx_core.spec.schema import InputSpec, ModelSpec
 from rpx_core.types.latency import LatencyOptions
 from rpx_plugins import latency
 from rpx_plugins.contention import ContentionMeter, CpuTimes
 from rpx_plugins.stages import BUILTIN_STAGES
+from rpx_plugins.stages.latency import interval_text
 from rpx_plugins.torch.cpu import CpuBackend
 from tests.conftest import console_text
 
@@ -178,3 +180,30 @@ def test_measure_latency_with_a_real_model_and_the_noisy_clock():
     alone = sample(7, options)
     assert (result.samples_count, result.p50_interval_ms) == (alone.samples_count, alone.p50_interval_ms)
     assert abs(result.p50_ms - true_median_ms(0.1)) < 0.05 * result.p50_ms
+
+
+def test_a_heavy_tailed_clock_is_noisy_on_the_console_in_the_report_and_to_compare():
+    """A tenth of the calls stalled (the median pinned down to 5%, the mean 1.9x it): every surface says "noisy" with
+    the reason, and rpx compare calls no change between two such measurements."""
+    from rpx_core.api import load_results
+    from rpx_core.show import report
+    from rpx_core.show.compare import compare
+    from tests.conftest import builtin_stages
+
+    result = sample(0, LatencyOptions(min_samples=20))
+    assert result.verdict == "noisy" and result.stopped_by == "target_width"
+    tail = next(reason for reason in result.verdict_reasons if reason.startswith("the mean is"))
+    run = load_results(Path(__file__).parent / "data" / "run_a_results.toml")
+    model = run.models[0]
+    records = {**model.stages, "measure_latency": attrs.evolve(model.stages["measure_latency"], result=result)}
+    stages = {stage.name: stage for stage in BUILTIN_STAGES}
+    noisy = attrs.evolve(run, models=(attrs.evolve(model, stages=records, summary=summarise(records, stages)),))
+    text = console_text(noisy)
+    assert f"{units.milliseconds(result.p50_ms)}~" in text and "noisy" in text and tail in text
+    html = report.render([("a", noisy)], builtin_stages())
+    assert "noisy" in html and tail in html
+    slower = attrs.evolve(noisy, models=(attrs.evolve(noisy.models[0], stages={**records, "measure_latency": attrs.evolve(
+        records["measure_latency"], result=attrs.evolve(result, p50_ms=2 * result.p50_ms))}),))
+    table = compare([("a", noisy), ("b", slower)], builtin_stages())
+    row = next(row for row in table.rows if row[1].text == "latency p50")
+    assert row[-1].text == "not comparable: noisy"
