@@ -242,3 +242,29 @@ def test_options_are_validated():
 
 def test_builtin_hook_is_registered_last():
     assert latency.rpx_measure_latency.rpx_impl["trylast"] is True
+
+
+def test_a_timeout_signal_during_the_collection_is_held_until_it_ends():
+    """An in-process stage timeout (SIGALRM) that fires while gc.collect() runs finalizers would raise inside a
+    ``__del__``, where Python ignores it, and the stage would run on: it is delivered after the collection instead."""
+    import os
+    import signal
+
+    from rpx_plugins.measurement import alarm_held
+
+    class Fired(BaseException):
+        pass
+
+    def fire(signum, frame):
+        raise Fired()
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    try:
+        with pytest.raises(Fired):
+            with alarm_held():
+                os.kill(os.getpid(), signal.SIGALRM)
+                delivered_inside = False  # reached: the signal waited
+            delivered_inside = True  # not reached: it is delivered as the block ends
+        assert delivered_inside is False
+    finally:
+        signal.signal(signal.SIGALRM, previous)

@@ -9,6 +9,7 @@ import torch
 
 import rpx_core as rpx
 from rpx_core.show.compare import compare
+from tests.conftest import builtin_stages
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
@@ -71,7 +72,7 @@ def test_the_same_model_on_torch_and_jax_compares_without_a_shape_note(tmp_path)
     first, second = (run.model("dense") for _, run in runs)
     assert first.result("count_flops").counted_inputs == second.result("count_flops").counted_inputs == ("float32[1,64]",)
     assert first.result("count_flops").macs == second.result("count_flops").macs == 64 * 32
-    table = compare(runs)
+    table = compare(runs, builtin_stages())
     assert not any("shapes differ" in note for note in table.notes), table.notes
     ratios = {row[1].text: row[-2].value for row in table.rows}
     assert ratios["latency p50"] is not None  # measured at the same shape and precision: a ratio, not a note

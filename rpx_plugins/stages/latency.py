@@ -213,8 +213,10 @@ def timing_note(name: str, latency: Any) -> str | None:
     if verdict == "too_few_samples":
         return (f"{name}: latency p50 from {count} samples has no {confidence} confidence interval: do not trust it; "
                 "raise [options.measure_latency] max_seconds or min_samples")
-    if verdict == "noisy":
-        reasons = field(latency, "verdict_reasons") or ("the spread is above the noise threshold",)
+    if verdict == "noisy":  # files written before the reasons were recorded: what "noisy" meant then
+        older = (f"the median's {confidence} interval is wider than the target width" if field(latency, "verdict")
+                 else "the spread is above the noise threshold")
+        reasons = field(latency, "verdict_reasons") or (older,)
         return f"{name}: latency is noisy after {count} samples: {'; '.join(reasons)}"
     return None
 
