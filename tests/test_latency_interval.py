@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 import random
-from pathlib import Path
 import statistics
 from fractions import Fraction
+from pathlib import Path
 from types import SimpleNamespace as NS
 
 import attrs
