@@ -31,7 +31,7 @@ def mlp() -> torch.nn.Module:
 
 
 MODELS = (("tiny_cnn", zoo.tiny_cnn, (1, 3, 32, 32)), ("mlp 256-1024-256", mlp, (1, 256)),
-          ("tiny_transformer", zoo.tiny_transformer, {"shape": [1, 64], "dtype": "int64", "high": 1000}))
+          ("tiny_transformer", zoo.tiny_transformer, {"shape": [1, 64], "dtype": "int64", "high": 256}))
 
 
 def longest_call_seconds(latency) -> float:

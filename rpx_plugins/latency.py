@@ -403,7 +403,7 @@ def measure_latency(ctx: StageContext, meter: ContentionMeter | None = None) -> 
     call = model_call(backend, ctx.model(), args, kwargs)  # built and placed before anything is timed
     timer = backend.timer(device)
     meter = meter or ContentionMeter(options.contention_threshold, lambda: backend.device_processes(device))
-    with backend.inference_context(), gc_paused():  # one collection first, then none until the stage ends
+    with backend.inference_context(), gc_paused(collect=False):  # no collection until the stage ends, none before
         deadline = Deadline.after(options.max_seconds)  # building the model is bounded by the stage_timeout only
         meter.start()
         warm = warm_up_for(options, call, lambda: backend.synchronize(device), deadline)
