@@ -180,26 +180,25 @@ def time_calls(call: Callable[[], Any], timer: Timer, calls: int) -> float:
     return timer.stop()
 
 
-def time_chunked(call: Callable[[], Any], timer: Timer, calls: int, per_call_s: float | None,
+def time_chunked(call: Callable[[], Any], timer: Timer, calls: int,
                  deadline: Deadline = Deadline()) -> tuple[int, float]:
-    """(calls made, seconds) of up to ``calls`` back-to-back calls, timed in chunks of about :data:`CHUNK_SECONDS`
-    (each chunk one region, synchronised at its ends), starting no chunk that would not end before ``deadline`` by
-    the per-call time measured so far (at least one call is made). On a busy machine calls slow down: the chunks
-    follow what they measure, so the row stops near the deadline instead of finishing a count planned when it was
-    quiet."""
+    """(calls made, seconds) of up to ``calls`` back-to-back calls, timed in chunks (each one region, synchronised at
+    its ends): one call first, to learn how long calls take now, then chunks of about :data:`CHUNK_SECONDS` at the
+    rate measured so far, none started that would not end before ``deadline`` at that rate (at least one call is
+    always made). On a busy machine calls slow down: the chunks follow what they measure, so the row stops near the
+    deadline instead of finishing a count planned when the machine was quieter."""
     made, seconds = 0, 0.0
-    estimate = per_call_s or 0.0
     while made < calls:
-        if estimate <= 0:  # nothing measured yet: one call tells how long they take
-            chunk = 1
-        else:
-            fits = int(deadline.remaining() / estimate)
-            if made and fits < 1:
+        if made:
+            per_call = seconds / made
+            fits = int(deadline.remaining() / per_call) if per_call > 0 else calls
+            if fits < 1:
                 break
-            chunk = max(1, min(calls - made, int(CHUNK_SECONDS / estimate), fits))
+            chunk = max(1, min(calls - made, int(CHUNK_SECONDS / per_call) if per_call > 0 else calls, fits))
+        else:
+            chunk = 1
         seconds += time_calls(call, timer, chunk)
         made += chunk
-        estimate = seconds / made
     return made, seconds
 
 
@@ -223,7 +222,7 @@ def measure_throughput(ctx: StageContext, batch_size: int, options: LatencyOptio
     warm = warm_up_for(options, call, lambda: backend.synchronize(device), deadline)
     planned = throughput_calls(options, warm.median_call_seconds)
     backend.reset_peak_memory(device)
-    calls, seconds = time_chunked(call, timer, planned, warm.median_call_seconds, deadline)
+    calls, seconds = time_chunked(call, timer, planned, deadline)
     peak = backend.read_peak_memory(device)
     cut = None if calls == planned else (f"{calls} of {planned} calls: measure_latency's max_seconds "
                                          f"({options.max_seconds:g} s) was reached")

@@ -179,6 +179,25 @@ def test_a_warm_up_that_never_settles_stops_at_its_cap_and_says_so():
     assert all(abs(b - a) > 0.01 * b for a, b in zip(medians, medians[1:]))
 
 
+def test_a_throughput_row_stops_at_the_deadline_when_calls_slow_down():
+    """The warm-up measured 1 ms calls, so 1,000 calls were planned for a second; then the machine got busy and every
+    call takes 20 ms: timed in chunks at the rate measured, the row stops near its 0.3 s deadline (a count planned
+    on the quiet machine would have run 20 s) and says how many calls it made."""
+    calls = []
+
+    def slow() -> None:
+        calls.append(1)
+        time.sleep(0.02)
+
+    deadline = latency.Deadline.after(0.3)
+    started = time.perf_counter()
+    made, seconds = latency.time_chunked(slow, Timer(lambda: None), 1000, deadline)
+    elapsed = time.perf_counter() - started
+    assert made == len(calls) < 1000 and seconds == pytest.approx(elapsed, abs=0.05)
+    assert 0.3 - 0.05 <= elapsed < 0.3 + 0.25  # a chunk (a few calls) past it at most, even if sleeps stretch
+    assert latency.time_chunked(slow, Timer(lambda: None), 5, latency.Deadline.after(0))[0] == 1  # one always
+
+
 def test_throughput_call_count_fills_the_time_asked_for():
     options = LatencyOptions(throughput_seconds=1.0, throughput_min_calls=10)
     assert latency.throughput_calls(options, 0.01) == 100

@@ -81,3 +81,27 @@ def test_operators_without_a_formula_are_counted_with_their_share_of_calls():
 def test_failed_and_absent_stages_contribute_nothing():
     fields = seed_fields({"count_params": StageRecord("failed", error="x"), "roofline": ok(NS(gpus={}, local_gpu=None))})
     assert fields == {}
+
+
+def test_the_tier1_table_says_how_many_operators_went_uncounted():
+    """Where the count is printed (console, show, report: the Tier 1 table), the operators without a formula and
+    their share of the calls: a model with uncounted work is never printed as if its count were whole."""
+    from pathlib import Path
+
+    import attrs
+
+    from rpx_core.api import load_results
+    from rpx_plugins.stages.counts import tier1
+
+    run = load_results(Path(__file__).parent / "data" / "run_a_results.toml")
+    model = run.models[0]
+    flops = model.result("count_flops")
+    calls = sum(stats.calls for stats in flops.by_operator.values())
+    partial = attrs.evolve(flops, uncounted_ops={"aten.mystery": calls // 3, "aten.other": calls - calls // 3})
+    stages = {**model.stages, "count_flops": attrs.evolve(model.stages["count_flops"], result=partial)}
+    table = tier1(attrs.evolve(run, models=(attrs.evolve(model, stages=stages), run.models[1])))
+    column = [column.title for column in table.columns].index("uncounted calls")
+    uncounted, whole = (row[column] for row in table.rows)
+    assert uncounted.value == pytest.approx(0.5) and uncounted.text == "50% (2 ops)"  # as many calls as counted ones
+    assert whole.value == 0.0 and whole.text == "none"
+    assert any("NOT in the totals" in note for note in table.notes)
