@@ -20,7 +20,8 @@ here too (and from :mod:`rpx_core.types`, the schema of the results they define)
   :func:`with_partial` to hand back what an interrupted stage finished, :data:`PROGRESS_INTERVAL`).
 * How a stage's results are shown (``Stage.tables``, ``figures``, ``charts``): :class:`Table` of :class:`Column`
   and :class:`Cell`, built by a :class:`TableView`; :class:`Figure` (with :class:`Noise`) for ``rpx compare``, the
-  traits every model has (:data:`SHAPES`, :data:`PRECISION`); :class:`ChartView` with :func:`pyplot`; :mod:`units`
+  traits every model has (:data:`SHAPES`, :data:`PRECISION`); :class:`ChartView` with :func:`pyplot`, :func:`colour` (one colour per GPU or model on every chart) and
+  :func:`plain` (a name drawn as text, never as mathtext); :mod:`units`
   (every figure in human units); :func:`ok_result`, :func:`run_result`, :func:`field` to read results files.
 * Precisions (:class:`Precision`, :func:`get_precision`, :func:`check_precision`, :func:`precision_of_dtype`,
   ``BYTES_PER_ELEMENT``) and GPU packs (:class:`GPUSpec`, :class:`Peak`, :class:`GPUCatalog`).
@@ -66,7 +67,7 @@ from rpx_core.registry.op_formula import OpFormula
 from rpx_core.registry.sources import ModelSource, import_or_explain
 from rpx_core.registry.stages import Stage
 from rpx_core.show import units
-from rpx_core.show.charts import ChartView, pyplot
+from rpx_core.show.charts import ChartView, colour, plain, pyplot
 from rpx_core.show.compare import PRECISION, SHAPES, Figure, Noise
 from rpx_core.show.tables import Cell, Column, Table, TableView, field, ok_result, run_result
 from rpx_core.spec.limits import Deadline
@@ -111,7 +112,8 @@ __all__ = [
     "SystemCard", "AcceleratorCard",
     "BatchSearchResult", "BatchSearchOptions",
     # how a stage's results are shown
-    "Table", "Column", "Cell", "TableView", "Figure", "Noise", "SHAPES", "PRECISION", "ChartView", "pyplot", "units",
+    "Table", "Column", "Cell", "TableView", "Figure", "Noise", "SHAPES", "PRECISION", "ChartView", "pyplot", "colour",
+    "plain", "units",
     "ok_result", "run_result", "field",
     # precisions and GPU packs
     "Precision", "PRECISIONS", "get_precision", "check_precision", "precision_of_dtype", "BYTES_PER_ELEMENT",

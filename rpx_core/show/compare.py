@@ -38,8 +38,10 @@ class Noise:
 
 @attrs.frozen
 class Figure:
-    """One comparable figure of a model: how to read it (``read(model)`` -> raw value or None), how to show it, the
-    traits it depends on, and for a measured figure how to read its noise."""
+    """One comparable figure of a model: how to read it (``read(model)`` -> raw value or None, in ``unit``), how to
+    show it, the traits it depends on, and for a measured figure how to read its noise. ``panel`` groups figures a
+    sweep chart draws together (the bound on each GPU: panel "bound"), and ``gpu`` names the GPU a figure is about,
+    which gives it that GPU's colour on every chart."""
 
     name: str
     read: Callable[[Any], Any]
@@ -48,6 +50,9 @@ class Figure:
     measured: bool = False
     higher_is_better: bool = False
     noise: Callable[[Any], Noise | None] | None = None
+    unit: str | None = None
+    panel: str | None = None
+    gpu: str | None = None
 
 
 #: Traits every model has, whatever ran: a figure may name them in ``depends``.

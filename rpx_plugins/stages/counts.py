@@ -186,16 +186,16 @@ def _read(stage: str, field: str) -> Any:
 
 
 def params_figures(models: Sequence[Any]) -> Iterable[Figure]:
-    return [Figure("params", _read("count_params", "total"), units.count, (CONVENTION,))]
+    return [Figure("params", _read("count_params", "total"), units.count, (CONVENTION,), unit="parameters")]
 
 
 def flops_figures(models: Sequence[Any]) -> Iterable[Figure]:
-    return [Figure("FLOPs", _read("count_flops", "total_flops"), units.flops, (SHAPES, CONVENTION))]
+    return [Figure("FLOPs", _read("count_flops", "total_flops"), units.flops, (SHAPES, CONVENTION), unit="FLOP")]
 
 
 def traffic_figures(models: Sequence[Any]) -> Iterable[Figure]:
     return [Figure(f"{kind} bytes", _read("estimate_traffic", f"{kind}_bytes"), units.size,
-                   (SHAPES, CONVENTION, PRECISION)) for kind in ("fused", "unfused")]
+                   (SHAPES, CONVENTION, PRECISION), unit="bytes", panel="traffic") for kind in ("fused", "unfused")]
 
 
 def flops_traits(run: Any, model: Any) -> dict[str, Any]:

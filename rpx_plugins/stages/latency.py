@@ -230,12 +230,13 @@ THROUGHPUT_BAND = 0.05
 def latency_figures(models: Sequence[Any]) -> Iterable[Figure]:
     """The p50, then samples/s at every batch size any of the models measured."""
     found = [Figure("latency p50", _latency("p50_ms"), units.milliseconds, (SHAPES, PRECISION), measured=True,
-                    noise=latency_noise)]
+                    noise=latency_noise, unit="ms")]
     sizes = dict.fromkeys(row.batch_size for model in models if (lat := ok_result(model, "measure_latency"))
                           for row in lat.throughput)
     for size in sizes:
         found.append(Figure(f"throughput b{size}", _throughput(size), lambda v: units.rate(v, " samples/s"),
-                            (SHAPES, PRECISION), measured=True, higher_is_better=True, noise=throughput_noise_at(size)))
+                            (SHAPES, PRECISION), measured=True, higher_is_better=True, noise=throughput_noise_at(size),
+                            unit="samples/s", panel="throughput"))
     return found
 
 

@@ -24,14 +24,17 @@ from rpx_core.plugin import (
     Stage,
     Table,
     TableView,
+    colour,
     ok_result,
+    plain,
     pyplot,
     units,
 )
 from rpx_plugins.stages.counts import CONVENTION
 
 Fields = dict[str, float | str]
-COLOURS = {"compute": "tab:blue", "memory": "tab:orange"}
+#: Operators by what bounds them (not among the GPU colours, which the roofs use).
+COLOURS = {"compute": "black", "memory": "darkgray"}
 
 
 # -- summary fields and checks -----------------------------------------------------------------------------------------
@@ -96,17 +99,23 @@ def roofline_table(run: Any) -> Table | None:
 
 
 def bound_figures(models: Sequence[Any]) -> Iterable[Figure]:
-    """One figure per GPU and precision any of the models was bounded on."""
-    bounds = dict.fromkeys((gpu, precision) for model in models if (roof := ok_result(model, "roofline"))
-                           for gpu, by in roof.gpus.items() for precision in by)
-    return [Figure(f"bound {gpu} {precision}", _bound(gpu, precision), units.milliseconds,
-                   (SHAPES, CONVENTION, PRECISION)) for gpu, precision in bounds]
+    """Per GPU: the bound at the model's own precision (the one a sweep over precisions draws as one line), then
+    the bound at each other precision any model was bounded at."""
+    gpus = dict.fromkeys(gpu for model in models if (roof := ok_result(model, "roofline")) for gpu in roof.gpus)
+    found = [Figure(f"bound {gpu}", _bound(gpu, None), units.milliseconds, (SHAPES, CONVENTION, PRECISION),
+                    unit="ms", panel="bound", gpu=gpu) for gpu in gpus]
+    others = dict.fromkeys((gpu, precision) for model in models if (roof := ok_result(model, "roofline"))
+                           for gpu, by in roof.gpus.items() for precision in by if precision != model.precision)
+    return found + [Figure(f"bound {gpu} {precision}", _bound(gpu, precision), units.milliseconds,
+                           (SHAPES, CONVENTION), unit="ms", panel=f"bound {precision}", gpu=gpu)
+                    for gpu, precision in others]
 
 
-def _bound(gpu: str, precision: str) -> Any:
+def _bound(gpu: str, precision: str | None) -> Any:
+    """The fused bound on ``gpu`` at ``precision`` (None: the model's own)."""
     def read(model: Any) -> Any:
         result = ok_result(model, "roofline")
-        bound = None if result is None else result.gpus.get(gpu, {}).get(precision)
+        bound = None if result is None else result.gpus.get(gpu, {}).get(precision or model.precision)
         return None if bound is None else bound.bound_ms_fused
 
     return read
@@ -115,54 +124,95 @@ def _bound(gpu: str, precision: str) -> Any:
 # -- the chart ---------------------------------------------------------------------------------------------------------
 
 
+#: Markers of the jobs on the chart, in turn (a sweep of more jobs reuses them, with the legend telling them apart).
+MARKERS = ("o", "s", "D", "^", "v", "P", "X", "h", "<", ">")
+
+
 def roofline_chart(run: Any) -> Any:
-    """One panel per model that has a roofline."""
+    """Every model (every point of a sweep) on one chart: a roof per GPU and precision, each model at its fused
+    intensity on every roof it was bounded on; with one model, its unfused point and top operators too."""
     plt = pyplot()
-    models = [model for model in run.models if ok_result(model, "roofline") and ok_result(model, "estimate_traffic")]
+    models = [model for model in run.models if ok_result(model, "roofline") and ok_result(model, "estimate_traffic")
+              and ok_result(model, "count_flops")]
     if not models:
         raise RpxError("the results file has no roofline (run the roofline stage) to plot")
-    figure, axes = plt.subplots(1, len(models), figsize=(6.4 * len(models), 6.4), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        _roofline_panel(ax, model)
-    figure.tight_layout()
-    return figure
-
-
-def _roofline_panel(ax: Any, model: Any) -> None:
-    roof, traffic, flops = (ok_result(model, s) for s in ("roofline", "estimate_traffic", "count_flops"))
-    total = flops.total_flops
-    fused = total / traffic.fused_bytes if traffic.fused_bytes else None
-    unfused = total / traffic.unfused_bytes if traffic.unfused_bytes else None
-    points = [x for x in (fused, unfused) if x]
-    bounds = [(gpu, by[model.precision]) for gpu, by in roof.gpus.items() if model.precision in by]
-    if not bounds:
-        raise RpxError(f"model {model.name!r} has no roofline at its precision {model.precision}")
-    operators = _operator_points(bounds[0][1], traffic)
-    everything = [*points, *(bound.machine_balance for _, bound in bounds), *(x for _, x in operators)]
+    roofs = {(gpu, model.precision): by[model.precision] for model in models
+             for gpu, by in ok_result(model, "roofline").gpus.items() if model.precision in by}
+    if not roofs:
+        raise RpxError("no model has a roofline at its own precision to plot")
+    figure, ax = plt.subplots(figsize=(9.6, 6.4))
+    single = len(models) == 1
+    operators = _operator_points(next(iter(roofs.values())), ok_result(models[0], "estimate_traffic")) if single else []
+    points = [point for model in models for point in _intensities(model) if point]
+    everything = [*points, *(bound.machine_balance for bound in roofs.values()), *(x for _, x in operators)]
     low, high = min(everything) / 4, max(everything) * 20
     xs = [low * (high / low) ** (i / 200) for i in range(201)]
-    for index, (gpu, bound) in enumerate(bounds):
-        colour = f"C{index + 2}"
+    styles = dict(zip(dict.fromkeys(precision for _, precision in roofs), ("-", "--", ":", "-.")))
+    for (gpu, precision), bound in roofs.items():
         peak, bandwidth = bound.peak_tflops * 1e12, bound.bandwidth_gb_s * 1e9
-        ax.plot(xs, [min(peak, bandwidth * x) for x in xs], color=colour, linewidth=1.5, label=f"{gpu} {model.precision}")
-        for x, marker, what in ((fused, "o", "fused"), (unfused, "s", "unfused")):
-            if x:
-                ax.plot([x], [min(peak, bandwidth * x)], marker=marker, color=colour, markersize=7,
-                        markerfacecolor="white" if what == "unfused" else colour, linestyle="none")
-    _top_operators(ax, bounds[0][1], operators)
-    latency = ok_result(model, "measure_latency")
-    if latency is not None and fused:
-        ax.plot([fused], [total / (latency.p50_ms / 1e3)], marker="*", color="black", markersize=12,
-                linestyle="none", label=f"measured on {model.device} (p50)")
-    ax.plot([], [], "o", color="gray", label="model, fused traffic")
-    ax.plot([], [], "s", color="gray", markerfacecolor="white", label="model, unfused traffic")
+        ax.plot(xs, [min(peak, bandwidth * x) for x in xs], styles[precision], color=colour("gpu", gpu),
+                linewidth=1.5, label=plain(f"{gpu} {precision}"))
+    for index, model in enumerate(models):
+        _model_points(ax, model, MARKERS[index % len(MARKERS)], single)
+    if single:
+        _top_operators(ax, next(iter(roofs.values())), operators, (low, high))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("attainable FLOP/s")
-    ax.set_title(f"{model.name} ({model.precision})")
+    ax.set_title(plain(models[0].name if single else f"{run.provenance.spec.get('name', 'run')}: {len(models)} points"))
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # below: never over a point
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside: never over a point
+    figure.tight_layout()
+    _drop_overlapping_labels(figure, ax)
+    return figure
+
+
+def _drop_overlapping_labels(figure: Any, ax: Any) -> None:
+    """Hide an operator's label where it would overlap the label of an operator drawn before it (the top operators
+    come in order of their share of the time, so the more important label stays)."""
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    kept: list[Any] = []
+    for text in (child for child in ax.texts if child.get_gid() == "data-label"):
+        box = text.get_window_extent(renderer)
+        if any(box.overlaps(other) for other in kept):
+            text.set_visible(False)
+        else:
+            kept.append(box)
+
+
+def _intensities(model: Any) -> tuple[float | None, float | None]:
+    """(fused, unfused) arithmetic intensity of the model's counted pass."""
+    traffic, flops = ok_result(model, "estimate_traffic"), ok_result(model, "count_flops")
+    total = flops.total_flops
+    return (total / traffic.fused_bytes if traffic.fused_bytes else None,
+            total / traffic.unfused_bytes if traffic.unfused_bytes else None)
+
+
+def _model_points(ax: Any, model: Any, marker: str, single: bool) -> None:
+    """The model on each roof of its precision (fused filled; unfused open when it is the only model), and its
+    measured FLOP/s where latency was measured."""
+    roof, total = ok_result(model, "roofline"), ok_result(model, "count_flops").total_flops
+    fused, unfused = _intensities(model)
+    for gpu, by in roof.gpus.items():
+        bound = by.get(model.precision)
+        if bound is None:
+            continue
+        peak, bandwidth, tint = bound.peak_tflops * 1e12, bound.bandwidth_gb_s * 1e9, colour("gpu", gpu)
+        for x, open_ in ((fused, False), *(((unfused, True),) if single else ())):
+            if x:
+                ax.plot([x], [min(peak, bandwidth * x)], marker=marker, color=tint, markersize=7, linestyle="none",
+                        markerfacecolor="white" if open_ else tint)
+    ax.plot([], [], marker, color="gray", linestyle="none", label=plain(f"{model.name}, fused traffic"))
+    if single:
+        ax.plot([], [], marker, color="gray", markerfacecolor="white", linestyle="none",
+                label=plain(f"{model.name}, unfused traffic"))
+    latency = ok_result(model, "measure_latency")
+    if latency is not None and fused:  # the job's own marker, outlined in black: which point is whose stays clear
+        ax.plot([fused], [total / (latency.p50_ms / 1e3)], marker=marker, color="black", markerfacecolor="none",
+                markersize=9, markeredgewidth=1.5, linestyle="none",
+                label=plain(f"{model.name} measured on {model.device} (p50)"))
 
 
 def _operator_points(bound: Any, traffic: Any) -> list[tuple[str, float]]:
@@ -177,8 +227,11 @@ def _operator_points(bound: Any, traffic: Any) -> list[tuple[str, float]]:
     return points
 
 
-def _top_operators(ax: Any, bound: Any, points: list[tuple[str, float]]) -> None:
-    """The first GPU's top operators at their own intensity, on that GPU's roof, coloured by bottleneck."""
+def _top_operators(ax: Any, bound: Any, points: list[tuple[str, float]], span: tuple[float, float]) -> None:
+    """The first GPU's top operators at their own intensity, on that GPU's roof, coloured by bottleneck; each label
+    reads away from the nearer edge of the ``span`` of intensities drawn, so it stays inside the axes."""
+    import math
+
     peak, bandwidth = bound.peak_tflops * 1e12, bound.bandwidth_gb_s * 1e9
     seen = set()
     for op, x in points:
@@ -187,8 +240,11 @@ def _top_operators(ax: Any, bound: Any, points: list[tuple[str, float]]) -> None
         seen.add(bottleneck)
         y = min(peak, bandwidth * x)
         ax.plot([x], [y], marker="^", color=COLOURS[bottleneck], markersize=6, linestyle="none", label=label)
-        ax.annotate(op.removeprefix("aten."), (x, y), fontsize=6, alpha=0.8, xytext=(3, -9), textcoords="offset points")
-
+        rightward = math.log(x / span[0]) < 0.5 * math.log(span[1] / span[0])
+        text = ax.annotate(plain(op.removeprefix("aten.")), (x, y), fontsize=6, alpha=0.8,
+                           xytext=(3 if rightward else -3, -9), textcoords="offset points",
+                           ha="left" if rightward else "right", annotation_clip=True, clip_on=True)
+        text.set_gid("data-label")  # the report's test finds data labels by this id and checks they stay in the axes
 
 
 ROOFLINE = Stage(
