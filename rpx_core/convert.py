@@ -258,12 +258,19 @@ def _structure_scalar_union(value: Any, type_: Any) -> Any:
     raise TypeError(f"expected {' or '.join(m.__name__ for m in members)}, got {type(value).__name__}")
 
 
+#: attrs field metadata: how the field's None is written (TOML has no null), for a field whose None is not its
+#: default and must survive a round trip (``InputSpec.batch_dim``: ``"none"``, no batch dimension).
+NONE_AS = "rpx_none_as"
+
+
 def _omit_none_factory(converter: cattrs.Converter):
     def factory(cls: type):
         base = cattrs.gen.make_dict_unstructure_fn(cls, converter)
+        spelled = {field.name: field.metadata[NONE_AS] for field in attrs.fields(cls) if NONE_AS in field.metadata}
 
         def unstructure(obj: Any) -> dict[str, Any]:
-            return {key: value for key, value in base(obj).items() if value is not None}
+            return {key: spelled[key] if value is None else value for key, value in base(obj).items()
+                    if value is not None or key in spelled}
 
         return unstructure
 

@@ -30,7 +30,7 @@ here too (and from :mod:`rpx_core.types`, the schema of the results they define)
   :func:`plain` (a name drawn as text, never as mathtext); :mod:`units`
   (every figure in human units); :func:`ok_result`, :func:`run_result`, :func:`field` to read results files.
 * Precisions (:class:`Precision`, ``PrecisionName`` for an option holding precision names, :func:`get_precision`,
-  :func:`check_precision`, ``BYTES_PER_ELEMENT``) and GPU packs (:class:`GPUSpec`, :class:`Peak`, :class:`GPUCatalog`).
+  :func:`check_precision`, :func:`precision_of_dtype`, ``BYTES_PER_ELEMENT``) and GPU packs (:class:`GPUSpec`, :class:`Peak`, :class:`GPUCatalog`).
 * Validating options as rpx does: the ``batch_size`` / ``batch_sizes`` attrs validators (integers from 1 to 2**31 - 1)
   and :func:`seconds_validator` (durations).
 * Operator formulas: :class:`OpFormula` (what ``rpx_register_op_formulas`` returns) and :mod:`rpx_core.cost_table`
@@ -60,7 +60,15 @@ from rpx_core.execution.progress import INTERVAL as PROGRESS_INTERVAL
 from rpx_core.execution.stage_loop import failed_records
 from rpx_core.execution.tasks import Placed
 from rpx_core.loading import load_callable
-from rpx_core.precision import BYTES_PER_ELEMENT, PRECISIONS, Precision, PrecisionName, check_precision, get_precision
+from rpx_core.precision import (
+    BYTES_PER_ELEMENT,
+    PRECISIONS,
+    Precision,
+    PrecisionName,
+    check_precision,
+    get_precision,
+    precision_of_dtype,
+)
 from rpx_core.registry.adapters import BUFFER, NON_TRAINABLE, TRAINABLE, JaxModel, ModelAdapter, adapter_for
 from rpx_core.registry.backends import Availability, Backend, MemoryPeak, Timer, with_start
 from rpx_core.registry.gpus import GPUCatalog, GPUSpec, MissingPeakError, Peak
@@ -125,7 +133,8 @@ __all__ = [
     "plain", "units",
     "ok_result", "run_result", "field",
     # precisions and GPU packs
-    "Precision", "PRECISIONS", "PrecisionName", "get_precision", "check_precision", "BYTES_PER_ELEMENT",
+    "Precision", "PRECISIONS", "PrecisionName", "get_precision", "check_precision", "precision_of_dtype",
+    "BYTES_PER_ELEMENT",
     "GPUSpec", "Peak", "GPUCatalog",
     # validating options as rpx does
     "batch_size", "batch_sizes", "seconds_validator",

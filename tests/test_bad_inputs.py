@@ -137,6 +137,16 @@ CASES = {
         [],
         'rpx: error: warmup_over_max.toml: options.measure_latency.warmup_seconds: 2 s is not less than max_seconds (1 s), which bounds the whole stage, warm-up included',
     ),
+    'warmup_cap_over_max': (
+        'stages = ["measure_latency"]\n[options.measure_latency]\nmax_seconds = 1\nwarmup_max_seconds = 1\n' + BASE,
+        [],
+        'rpx: error: warmup_cap_over_max.toml: options.measure_latency.warmup_max_seconds: 1 s is not less than max_seconds (1 s), which bounds the whole stage, warm-up included',
+    ),
+    'warmup_minimum_over_cap': (
+        'stages = ["measure_latency"]\n[options.measure_latency]\nwarmup_seconds = 2\nwarmup_max_seconds = 1\n' + BASE,
+        [],
+        'rpx: error: warmup_minimum_over_cap.toml: options.measure_latency.warmup_seconds: 2 s of warm-up at least cannot fit in warmup_max_seconds (1 s), the most it may take',
+    ),
     'stage_timeout_zero': (
         '[execution]\nstage_timeout = 0\n' + BASE,
         [],

@@ -93,6 +93,13 @@ def limit_problems(spec: Any, plan: Any) -> list[str]:
         if latency.warmup_seconds >= latency.max_seconds:
             problems.append(f"options.measure_latency.warmup_seconds: {latency.warmup_seconds:g} s is not less than "
                             f"max_seconds ({latency.max_seconds:g} s), which bounds the whole stage, warm-up included")
+        cap = latency.warmup_max_seconds
+        if cap is not None and cap >= latency.max_seconds:
+            problems.append(f"options.measure_latency.warmup_max_seconds: {cap:g} s is not less than max_seconds "
+                            f"({latency.max_seconds:g} s), which bounds the whole stage, warm-up included")
+        elif cap is not None and latency.warmup_seconds > cap:
+            problems.append(f"options.measure_latency.warmup_seconds: {latency.warmup_seconds:g} s of warm-up at least "
+                            f"cannot fit in warmup_max_seconds ({cap:g} s), the most it may take")
     return problems
 
 

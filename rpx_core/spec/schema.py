@@ -18,7 +18,7 @@ from typing import Any, Literal
 import attrs
 
 from rpx_core import convert
-from rpx_core.convert import converter, structure
+from rpx_core.convert import NONE_AS, converter, structure
 from rpx_core.errors import SpecError
 from rpx_core.precision import PrecisionName
 from rpx_core.results.safe_write import path_safe
@@ -31,6 +31,29 @@ FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 Dtype = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
 
 
+def _non_negative_dims(_: Any, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:
+    if any(dim < 1 for dim in value):
+        raise ValueError(f"every dimension must be >= 1 (a tensor with a zero dimension runs no work), got {list(value)}")
+
+
+#: How a spec file says an input has no batch dimension (TOML has no null; the Python API takes None).
+NO_BATCH_DIM = "none"
+
+
+def _batch_dim(value: int | str | None) -> int | str | None:
+    """``"none"`` is no batch dimension (None); :func:`_batch_dim_index` refuses what is neither."""
+    return None if value == NO_BATCH_DIM else value
+
+
+def _batch_dim_index(_: Any, attribute: attrs.Attribute, value: int | str | None) -> None:
+    if isinstance(value, str):
+        raise ValueError(f'expected an integer >= 0 (the batch dimension) or "none" (no batch dimension), got '
+                         f"{value!r}", attribute)
+    if value is not None and value < 0:
+        raise ValueError(f'must be >= 0 (dimensions count from 0; "none" for an input without a batch dimension), '
+                         f"got {value}", attribute)
+
+
 @attrs.frozen
 class InputSpec:
     """One model input: a tensor of ``shape`` and ``dtype``. Integer inputs (token ids) are drawn from [0, high)."""
@@ -39,7 +62,10 @@ class InputSpec:
     dtype: Dtype = "float32"
     name: str | None = None  # pass as this keyword argument instead of positionally
     high: int | None = None  # exclusive upper bound of integer values (e.g. the vocabulary size)
-    batch_dim: int | None = 0  # the dimension batch sizes scale; None for inputs without one
+    #: The dimension batch sizes scale (counted from 0); None (``"none"`` in a spec file) for an input without one.
+    #: Read as ``int | str | None`` so the spelling ``"none"`` reaches the converter; an int or None once made.
+    batch_dim: int | str | None = attrs.field(default=0, converter=_batch_dim, validator=_batch_dim_index,
+                                              metadata={NONE_AS: NO_BATCH_DIM})
 
     def with_batch(self, batch_size: int | None) -> InputSpec:
         """This input at ``batch_size``; None keeps the shape as written."""

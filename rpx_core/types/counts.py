@@ -29,6 +29,30 @@ BACKWARD_MODULE = "(backward)"
 OTHERS = "(others)"
 
 
+def tensor_text(dtype: Any, shape: Any) -> str:
+    """One tensor as rpx writes every shape, whatever the framework: ``float32[1,3,32,32]`` (the dtype's name without
+    a ``torch.`` prefix, dimensions without spaces), so figures from torch and JAX runs of one model compare."""
+    return f"{str(dtype).removeprefix('torch.')}[{','.join(str(int(dim)) for dim in shape)}]"
+
+
+def inputs_text(args: Any, kwargs: Mapping[str, Any]) -> tuple[str, ...]:
+    """Each array-like input (anything with ``shape`` and ``dtype``: torch tensors, JAX arrays, ShapeDtypeStructs)
+    in :func:`tensor_text` form, positional then keyword (``"mask=bool[1,128]"``), looking inside tuples, lists and
+    dicts; other values (flags such as ``use_cache=True``) are not inputs of a shape and are left out."""
+    return (*(text for value in args for text in _arrays_text(value)),
+            *(f"{name}={text}" for name, value in kwargs.items() for text in _arrays_text(value)))
+
+
+def _arrays_text(value: Any) -> list[str]:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return [tensor_text(value.dtype, value.shape)]
+    if isinstance(value, (tuple, list)):
+        return [text for item in value for text in _arrays_text(item)]
+    if isinstance(value, Mapping):
+        return [text for item in value.values() for text in _arrays_text(item)]
+    return []
+
+
 @attrs.frozen
 class OpRecord:
     """Identical calls of one aten operator, aggregated: the figures are for ONE call, ``count`` says how many ran.

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from rpx_core.types.counts import tensor_text
 from rpx_plugins.torch.counter.operators import ALLOCATION, FILL, FORMULA, GATHER, UNKNOWN, OpInfo
 from rpx_plugins.torch.counter.registry import OpCall
 
@@ -96,7 +97,7 @@ def describe(value: Any, tensors: list[torch.Tensor]) -> Any:
 
 
 def short(tensor: torch.Tensor) -> str:
-    return f"{str(tensor.dtype).removeprefix('torch.')}[{','.join(map(str, tensor.shape))}]"
+    return tensor_text(tensor.dtype, tensor.shape)
 
 
 def inputs_text(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
