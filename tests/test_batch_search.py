@@ -68,10 +68,12 @@ def search(backend: CpuBackend, stages: list[StageContext], **options) -> BatchS
 
 
 def scan_peaks(backend: CpuBackend, model: torch.nn.Module, sizes: range) -> dict[int, int]:
-    """Peak RSS of two calls at each size, read directly (not through batch_search)."""
+    """Peak RSS of two calls at each size, read directly (not through batch_search), each from a trimmed C heap
+    as batch_search's trials start."""
     peaks = {}
     with torch.inference_mode():
         for size in sizes:
+            backend.release_cached_memory("cpu")
             backend.reset_peak_memory("cpu")
             x = torch.randn(size, *INPUT[1:])
             model(x)
