@@ -166,7 +166,7 @@ class BatchSearchOptions:
     gain_threshold: float = attrs.field(default=0.05, validator=_fraction_below_one)
     #: Each stage's memory limit is searched until the largest fitting and the smallest failing batch sizes are
     #: within this fraction of each other (or adjacent); 0 finds the exact limit.
-    resolution: float = attrs.field(default=0.02, validator=_fraction_below_one)
+    resolution: float = attrs.field(default=0.01, validator=_fraction_below_one)
     #: True: stages run at the same time on the device (one thread each) and share the budget; False: one after
     #: another, so each stage's peak must fit on its own.
     concurrent: bool = False

@@ -16,13 +16,14 @@ Each stage searches on its own line (the other stages fixed):
 2. predict: fit ``needed = a + b * batch`` by least squares over every reading (failures over the budget included:
    they are real readings), anchor it at the largest size known to fit, and try the largest size the line keeps
    within the usable budget. A line whose growth over the sizes read is small against its own residuals (RSS at
-   batch 1, 2 and 4 is mostly noise) is not trusted that far: the jump is at most :data:`MAX_JUMP`-fold;
+   batch 1, 2 and 4 is mostly noise) is not trusted that far: the jump is at most :data:`MAX_JUMP`-fold. Once a
+   size above the largest fitting one was read (over the budget), the slope is the one between those two readings;
 3. bracket: the limit is confirmed by real trials, never by the line alone. A stage stops only once the largest
    size that fits and the smallest that fails are within ``resolution`` of each other (or adjacent), or at
    ``max_batch``. Once a size failed, the next try is the smallest size that closes that bracket if it fits (the
    likeliest to fit of those that would) unless the line says it cannot fit; a second failure in a row steps
    twice as far down, a third bisects; once the search is back under the failure, a line that still says the
-   failing size fits is not followed: the bracket is bisected;
+   failing size fits is not followed, nor a third prediction after two that fitted: the bracket is bisected;
 4. refine: a larger size measured slower than the best by no more than the two trials' noise (each trial's
    frames/s spread over its timed chunks) is measured once more before the drop is believed; when the best size
    is inside the measured range (a larger size really was slower), the geometric midpoints of the gaps beside it
@@ -143,6 +144,7 @@ class StageView:
     misses: int  # failed tries of this stage in a row, up to the latest
     missed_unread: bool  # the latest try of this stage failed without a memory reading
     plateau: bool = False  # concurrent stages only: growth stopped gaining
+    streak: int = 0  # fitting tries of this stage in a row, up to the latest
 
 
 @attrs.frozen
@@ -157,7 +159,7 @@ class BatchPlanner:
     max_batch: int = 256
     concurrent: bool = False
     gain_threshold: float = 0.05
-    resolution: float = 0.02
+    resolution: float = 0.01
     predicted: tuple[MemoryFit | None, ...] = ()
 
     def next_combination(self, trials: Sequence[Trial]) -> tuple[int, ...] | None:
@@ -211,13 +213,21 @@ class BatchPlanner:
         read = [run for run in runs if run.needed_bytes is not None]
         fit = fit_linear([(run.batch_size,) for run in read], [run.needed_bytes for run in read])
         at_lo = [run.needed_bytes for run in fits if run.batch_size == lo and run.needed_bytes is not None]
+        anchor = max(at_lo) if at_lo else self._prior_at(stage, lo)
+        line = self._line(fit, {run.batch_size for run in read}, 0, stage)
+        above = [(run.batch_size, run.needed_bytes) for run in read if lo is not None and run.batch_size > lo]
+        if above and anchor is not None:  # a failure read above lo: interpolate between the two, not the whole fit
+            size, needed = min(above)
+            if needed > anchor:
+                line = MemoryLine((needed - anchor) / (size - lo), trusted=True)
         return StageView(
             lo=lo,
             hi=hi,
-            line=self._line(fit, {run.batch_size for run in read}, 0, stage),
-            anchor=max(at_lo) if at_lo else self._prior_at(stage, lo),
-            misses=_trailing_failures([run.failure for run in runs]),
+            line=line,
+            anchor=anchor,
+            misses=_trailing([run.failure is not None for run in runs]),
             missed_unread=bool(runs) and runs[-1].failure is not None and runs[-1].needed_bytes is None,
+            streak=_trailing([run.failure is None for run in runs]),
         )
 
     def _line(self, fit: LinearFit | None, sizes_read: set[int], column: int, stage: int) -> MemoryLine | None:
@@ -341,7 +351,7 @@ class BatchPlanner:
             hi=hi,
             line=self._line(fit, {trial.batch_sizes[stage] for trial in read}, stage, stage),
             anchor=incumbent.needed_bytes,
-            misses=_trailing_failures([trial.failure for trial in trials]),
+            misses=_trailing([not trial.ok for trial in trials]),
             missed_unread=not trials[-1].ok and trials[-1].needed_bytes is None,
             plateau=self._plateau([(t.batch_sizes[stage], t.stages[stage].frames_per_second) for t in fits], sizes[stage]),
         )
@@ -370,12 +380,14 @@ class BatchPlanner:
     def _within_bracket(self, view: StageView, predicted: int) -> int:
         """A failure is known: the likeliest size to close the bracket where the line allows it (a first miss is
         taken as the line being a little optimistic), stepping further down after each miss and bisecting once two
-        steps missed or once the line, refitted, still says the failing size fits."""
+        steps missed, once two predictions in a row fitted without closing it (a step in the memory curve keeps an
+        interpolation on one side), or once the line, refitted, still says the failing size fits."""
         closing = self.closing(view.lo, view.hi)
         middle = (view.lo + view.hi) // 2
         if view.misses == 0:
-            contradicted = predicted >= view.hi
-            return min(closing, middle) if contradicted else (closing if predicted >= closing else predicted)
+            if predicted >= view.hi or view.streak >= 2:
+                return min(closing, middle)
+            return closing if predicted >= closing else predicted
         if view.misses == 1:
             return closing if view.missed_unread or predicted >= closing else predicted
         step = (1 + max(self.resolution, MIN_STEP)) ** (2 ** (view.misses - 1))
@@ -568,10 +580,11 @@ class BatchPlanner:
         return f"{who} {verb} not fit at batch 1: {used / 1e6:.0f} MB used, over {limit}"
 
 
-def _trailing_failures(failures: Sequence[str | None]) -> int:
+def _trailing(flags: Sequence[bool]) -> int:
+    """How many of the last ``flags`` in a row are true."""
     count = 0
-    for failure in reversed(failures):
-        if failure is None:
+    for flag in reversed(flags):
+        if not flag:
             break
         count += 1
     return count
