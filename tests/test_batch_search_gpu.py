@@ -7,13 +7,17 @@ code. Expected limits come from the fake's own bisection of real trials under th
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from rpx_core.execution.context import Job, RunContext, StageContext
+from rpx_core.show import units
 from rpx_core.spec.schema import ModelSpec
 from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult, format_table
 from rpx_plugins.batch_search.direct_scan import direct_scan
 from rpx_plugins.batch_search.stage import rpx_batch_search
+from rpx_plugins.stages.batch_search import trials_table
 from rpx_plugins.torch.cuda import CudaBackend
 from rpx_plugins.torch.mps import DEFAULT_HIGH_WATERMARK_RATIO, MpsBackend
 from tests.fake_gpu import (
@@ -149,6 +153,11 @@ def test_another_process_on_the_device_changes_others_and_not_the_limit(h200):
     assert {trial.others_bytes for trial in alone.trials if trial.used_bytes} == {0}
     assert shared.allocator_cap_bytes == alone.allocator_cap_bytes and not shared.notes
     assert "others MB" in format_table(shared)
+    table = trials_table(types.SimpleNamespace(run_stages={"batch_search": types.SimpleNamespace(status="ok",
+                                                                                                result=shared)}))
+    assert [column.title for column in table.columns][-6:-2] == ["allocated", "reserved", "this process", "others"]
+    assert set(table.column("others")) - {None} == {2 * 10**9}  # None: the trial out of memory has no reading
+    assert any(f"others {units.size(2 * 10**9)}" in note for note in table.notes)
 
 
 def test_without_nvml_others_are_unknown_and_said_to_be(monkeypatch):

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 from rpx_core.execution.progress import Progress, ProgressReporter
 from rpx_core.execution.tasks import Finished, Started
@@ -130,3 +131,36 @@ def test_batch_search_reports_its_trials(tmp_path):
     events = [json.loads(line) for line in done.stdout.splitlines()]
     trials = [event for event in events if event.get("phase") == "batch-search trials"]
     assert trials and trials[0]["done"] == 0 and trials[0]["total"] is None and trials[0]["model"] == "<run>"
+
+
+def test_something_is_on_screen_within_a_second_of_rpx_run(tmp_path):
+    """On a terminal (a real pseudo-terminal here), what rpx is doing is on screen within a second of the command,
+    before the spec is checked; piped, a line says how many jobs start before any worker imports torch; and the
+    final tables include everything `rpx show` prints by default (throughput too)."""
+    import os
+    import pty
+    import select
+
+    spec = write_spec(tmp_path)
+    floor = time.monotonic()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)  # the interpreter's own start, however loaded we are
+    floor = time.monotonic() - floor
+    leader, follower = pty.openpty()
+    started = time.monotonic()
+    process = subprocess.Popen([sys.executable, "-m", "rpx_core.cli", "run", str(spec)], stdout=subprocess.DEVNULL,
+                               stderr=follower, env={**os.environ, "COLUMNS": "120"})
+    os.close(follower)
+    shown = b""
+    while b"checking" not in shown and select.select([leader], [], [], 30)[0]:
+        shown += os.read(leader, 4096)
+    waited = time.monotonic() - started
+    process.kill()
+    process.wait()
+    os.close(leader)
+    assert f"rpx: checking {spec}".encode() in shown.replace(b"\r\n", b"")
+    assert waited - floor < 1.0, f"on screen after {waited:.2f} s ({floor:.2f} s to start Python)"
+    piped = rpx("run", str(spec))
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stderr.splitlines()[0].startswith("rpx: 1 job(s), stages count_params, ")  # before any stage line
+    for title in ("Tier 1", "Tier 3: measured latency", "Tier 3: throughput per batch size"):
+        assert title in piped.stdout
