@@ -258,12 +258,15 @@ def scan_lines(report: Report, out: Path, device: str, result, spec_path: Path) 
         report.line("FAIL", "direct scan", f"exit {done.returncode}: {(done.stdout + done.stderr).strip()[-2000:]}")
         return
     scan = json.loads(path.read_text())
+    starts = (f"at the start, search / scan: this process {mb(result.start_bytes)} / {mb(scan['start_bytes'])}, others "
+              f"{mb(result.others_at_start_bytes)} / {mb(scan['others_at_start_bytes'])}, allocator cap "
+              f"{mb(result.allocator_cap_bytes)} / {mb(scan['allocator_cap_bytes'])}")
     for stage, limits in zip(result.stages, scan["stages"]):
         found, exact = stage.largest_fitting_batch, limits["largest_fitting_batch"]
         report.line("PASS" if agrees(found, exact) else "FAIL", f"direct scan {stage.name}",
                     f"largest fitting batch: scan {exact} (fails at {limits['smallest_failing_batch']}), batch search "
                     f"{found} (fails at {stage.smallest_failing_batch}); {scan['trial_count']} trials in process "
-                    f"{scan['pid']}, {seconds:.0f} s", scan=str(path))  # fmt: skip
+                    f"{scan['pid']}, {seconds:.0f} s; {starts}", scan=str(path))  # fmt: skip
 
 
 def direct_scan_here(spec_path: Path, out: Path, device: str) -> int:
@@ -286,6 +289,9 @@ def direct_scan_here(spec_path: Path, out: Path, device: str) -> int:
     summary = {
         "pid": os.getpid(),
         "trial_count": result.trial_count,
+        "start_bytes": result.start_bytes,
+        "others_at_start_bytes": result.others_at_start_bytes,
+        "allocator_cap_bytes": result.allocator_cap_bytes,
         "notes": list(result.notes),
         "stages": [{"name": stage.name, "largest_fitting_batch": stage.largest_fitting_batch,
                     "smallest_failing_batch": stage.smallest_failing_batch} for stage in result.stages],

@@ -18,6 +18,7 @@ from rpx_core.types.batch_search import (
     BatchSearchOptions,
     BatchSearchResult,
     BatchTracker,
+    MemoryFit,
     format_table,
     parse_memory_amount,
 )
@@ -128,6 +129,22 @@ def test_monotone_nonlinear_memory_matches_direct_scan(base, slope, curve, step_
     assert result.stages[0].largest_fitting_batch == expected
     assert result.feasible == (expected is not None)
     assert result.trial_count <= 20
+
+
+def test_a_predicted_memory_line_takes_the_place_of_calibration():
+    """A caller that can predict memory before measuring (a training step's activations from its shapes) passes one
+    line per stage: after batch 1 the search follows it instead of calibrating at 2 and 4, then its own readings,
+    and still brackets the limit with real trials. The prediction here is 5% pessimistic."""
+    base, slope, usable = 100 * MB, 10 * MB, 2000 * MB  # room for 190
+    predicted = (MemoryFit(intercept_bytes=base, slope_bytes_per_sample=1.05 * slope, points=0, rms_residual_bytes=0.0),)
+    result = simulate(planner(usable, resolution=0.01, predicted=predicted), lambda _, b: base + slope * b,
+                      overhead_rate)
+    tried = [trial.batch_sizes[0] for trial in result.trials]
+    assert tried[:2] == [1, 181] and 2 not in tried  # 1 + (2000 - 110) / 10.5 MB
+    assert 190 / 1.01 <= result.stages[0].largest_fitting_batch <= 190 < result.stages[0].smallest_failing_batch
+    assert result.trial_count <= 5, tried
+    unpredicted = simulate(planner(usable, resolution=0.01), lambda _, b: base + slope * b, overhead_rate)
+    assert [trial.batch_sizes[0] for trial in unpredicted.trials][:3] == [1, 2, 4]
 
 
 def test_resolution_stops_refining_within_the_fraction():

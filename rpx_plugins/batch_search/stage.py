@@ -184,9 +184,9 @@ class Start:
         if own is not None and free is not None and free < usable - own:
             busy = "" if others is None else f"; other processes use {others / 1e6:.0f} MB"
             notes.append(
-                f"the device has {free / 1e6:.0f} MB free beside this process's {own / 1e6:.0f} MB, less than the "
-                f"usable budget of {usable / 1e6:.0f} MB{busy}: trials near the limit fail for the device's memory, "
-                "not the budget's"
+                f"only {free / 1e6:.0f} MB of the device is free beside this process's {own / 1e6:.0f} MB, less than "
+                f"the usable budget of {usable / 1e6:.0f} MB{busy}: trials near the limit fail for the device's "
+                "memory, not the budget's"
             )
         return dict(allocator_cap_bytes=self.cap, start_bytes=own, others_at_start_bytes=others,
                     free_at_start_bytes=free, notes=tuple(notes))
