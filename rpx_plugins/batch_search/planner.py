@@ -214,16 +214,12 @@ class BatchPlanner:
         fit = fit_linear([(run.batch_size,) for run in read], [run.needed_bytes for run in read])
         at_lo = [run.needed_bytes for run in fits if run.batch_size == lo and run.needed_bytes is not None]
         anchor = max(at_lo) if at_lo else self._prior_at(stage, lo)
-        line = self._line(fit, {run.batch_size for run in read}, 0, stage)
         above = [(run.batch_size, run.needed_bytes) for run in read if lo is not None and run.batch_size > lo]
-        if above and anchor is not None:  # a failure read above lo: interpolate between the two, not the whole fit
-            size, needed = min(above)
-            if needed > anchor:
-                line = MemoryLine((needed - anchor) / (size - lo), trusted=True)
+        between = _between(lo, anchor, min(above)) if above else None
         return StageView(
             lo=lo,
             hi=hi,
-            line=line,
+            line=between or self._line(fit, {run.batch_size for run in read}, 0, stage),
             anchor=anchor,
             misses=_trailing([run.failure is not None for run in runs]),
             missed_unread=bool(runs) and runs[-1].failure is not None and runs[-1].needed_bytes is None,
@@ -238,16 +234,17 @@ class BatchPlanner:
             slope = fit.slopes[column]
             growth = slope * (max(sizes_read) - min(sizes_read))
             own = MemoryLine(slope, trusted=slope > 0 and growth >= TRUST_GROWTH * fit.rms_residual)
-        prior = self.predicted[stage] if stage < len(self.predicted) else None
+        prior = self._prior(stage)
         if prior is not None and (own is None or not own.trusted):
             return MemoryLine(prior.slope_bytes_per_sample, trusted=True)
         return own
 
+    def _prior(self, stage: int) -> MemoryFit | None:
+        return self.predicted[stage] if stage < len(self.predicted) else None
+
     def _prior_at(self, stage: int, size: int | None) -> float | None:
-        prior = self.predicted[stage] if stage < len(self.predicted) else None
-        if prior is None or size is None:
-            return None
-        return prior.intercept_bytes + prior.slope_bytes_per_sample * size
+        prior = self._prior(stage)
+        return None if prior is None or size is None else prior.intercept_bytes + prior.slope_bytes_per_sample * size
 
     def _best_size(self, trials: Sequence[Trial], stage: int) -> int:
         """The fitting size with the most frames/s on average (the smaller on ties)."""
@@ -578,6 +575,15 @@ class BatchPlanner:
             return f"{who} ran out of memory at batch 1 under {limit}" + (f": {errors}" if errors else "")
         used = max(run.used_bytes for run in runs)
         return f"{who} {verb} not fit at batch 1: {used / 1e6:.0f} MB used, over {limit}"
+
+
+def _between(lo: int | None, anchor: float | None, above: tuple[int, int]) -> MemoryLine | None:
+    """A size above ``lo`` was read (it failed over the budget): the slope between the two readings, which the
+    whole fit (its small sizes mostly noise on CPU) would blur; None (the whole fit then) where they do not rise."""
+    size, needed = above
+    if lo is None or anchor is None or needed <= anchor:
+        return None
+    return MemoryLine((needed - anchor) / (size - lo), trusted=True)
 
 
 def _trailing(flags: Sequence[bool]) -> int:
