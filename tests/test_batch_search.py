@@ -223,6 +223,7 @@ class Mlp(torch.nn.Module):
         return self.down(torch.relu(self.up(x)))
 
 
+@pytest.mark.slow  # about 20 s on 2 loaded cores: calls at batch 1,600 of a 4M-parameter MLP
 def test_the_mlp_limit_is_at_least_098_of_a_direct_bisection_in_eight_trials(backend):
     """The CPU MLP under a hard budget with no margin and the default options: its largest fitting batch was 0.80x
     a bisection of real runs (a throughput plateau ended the memory search; before that, a line through RSS noise
