@@ -12,11 +12,19 @@ peak RSS grows by about 67 MB per sample, on the cpu backend (peak RSS from VmHW
 
 Both stop refining once the largest fitting and smallest failing sizes are within 5% (rpx: ``resolution = 0.05``,
 ``gain_threshold = 0`` so throughput never stops it early). Target: rpx needs at most half the trials.
-Run: python bench/bench_batch_search.py
+
+3. The CPU MLP 512 -> 8192 -> 512 with the default options (1% resolution, throughput rules on) under a hard
+   budget with no margin: rpx's largest fitting batch against a direct bisection of real runs
+   (rpx_plugins.batch_search.direct_scan: the same trials, plain bisection). Target: at least 0.98x, in 8 trials.
+   The budget is the process's RSS, the stage's copy of the weights and room for ``--mlp-room`` samples (66 KiB
+   each); the issue's case had room for about 19,600.
+
+Run: python bench/bench_batch_search.py [--mlp-room SAMPLES] [--mlp-only]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -26,12 +34,14 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import attrs  # noqa: E402
+import psutil  # noqa: E402
 from machine import describe_machine  # noqa: E402
 
 from rpx_core.execution.context import Job, RunContext, StageContext  # noqa: E402
 from rpx_core.registry.backends import MemoryPeak  # noqa: E402
 from rpx_core.spec.schema import InputSpec, ModelSpec  # noqa: E402
 from rpx_core.types.batch_search import BatchSearchOptions, BatchTracker  # noqa: E402
+from rpx_plugins.batch_search.direct_scan import direct_scan  # noqa: E402
 from rpx_plugins.batch_search.planner import BatchPlanner, fit_linear  # noqa: E402
 from rpx_plugins.batch_search.stage import TrialRunner, rpx_batch_search  # noqa: E402
 from rpx_plugins.torch.cpu import CpuBackend  # noqa: E402
@@ -163,9 +173,49 @@ def oracle_sweep(used_at: Callable[[int], int]) -> tuple[list[int], list[int], l
     return rpx_trials, base_trials, misses
 
 
+def mlp():
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(512, 8192), torch.nn.ReLU(), torch.nn.Linear(8192, 512)).eval()
+
+
+def mlp_row(backend: CpuBackend, room: int) -> None:
+    """Part 3: the MLP's limit found by rpx and by a direct bisection of the same real trials."""
+    import torch
+
+    model = mlp()
+    with torch.inference_mode():
+        model(torch.randn(room, 512))  # thread pool and BLAS buffers started before either search
+    backend.release_cached_memory("cpu")
+    weights = sum(parameter.numel() * parameter.element_size() for parameter in model.parameters())
+    budget = psutil.Process().memory_info().rss + weights + room * 66 * 1024
+    spec = ModelSpec(name="mlp", source="bench:mlp", inputs=(InputSpec((1, 512)),))
+    job = Job(spec, "cpu", "cpu", "fp32", ("batch_search",), {}, (), (1,))
+    options = BatchSearchOptions(memory_budget=budget, safety_margin=0, max_batch=2 * room, trial_seconds=0.05)
+    print(f"\n3. CPU MLP 512 -> 8192 -> 512, budget {budget / MB:.0f} MB (room for about {room} samples), margin 0, "
+          f"default options (resolution {options.resolution:.0%})")
+    found = {}
+    for name, search in (("direct bisection", direct_scan), ("rpx batch_search", rpx_batch_search)):
+        context = StageContext(job, backend, None, None, model_object=model)
+        started = time.perf_counter()
+        result = search(RunContext([context], options, backend, None, None))
+        found[name] = result.stages[0].largest_fitting_batch
+        print(f"{name:>20}: largest fitting batch {found[name]} in {result.trial_count} trials, "
+              f"{time.perf_counter() - started:.0f} s")
+    ratio = found["rpx batch_search"] / found["direct bisection"]
+    print(f"ratio rpx / direct bisection: {ratio:.3f} (target >= 0.98, in 8 trials or fewer)")
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mlp-room", type=int, default=4000, help="samples the MLP's budget has room for")
+    parser.add_argument("--mlp-only", action="store_true", help="run part 3 only")
+    args = parser.parse_args()
     print(describe_machine())
     backend = CpuBackend()
+    if args.mlp_only:
+        mlp_row(backend, args.mlp_room)
+        return
     model = decoder()
     started = time.perf_counter()
     peaks = scan(backend, model, range(1, SCAN_UP_TO + 1))
@@ -194,6 +244,7 @@ def main() -> None:
     ratio = statistics.mean(rpx_trials) / statistics.mean(base_trials)
     print(f"ratio rpx / doubling+bisection: {ratio:.2f} (target <= 0.5); "
           f"results not within 5% at or below the true limit: {misses or 'none'}")
+    mlp_row(backend, args.mlp_room)
 
 
 if __name__ == "__main__":

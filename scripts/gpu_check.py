@@ -1,6 +1,7 @@
 """The GPU check: everything rpx does on a GPU, run on a node with no network, with the node's own Python.
 
-    python3 scripts/gpu_check.py --wheelhouse DIR [--out DIR] [--device cuda|mps]    (scripts/gpu_check.sh wraps it)
+    python3 scripts/gpu_check.py --wheelhouse DIR [--out DIR] [--device cuda|mps] [--only batch-search]
+    (scripts/gpu_check.sh wraps it)
 
 1. **Environment.** The interpreter running this script is used as it is: torch (and jax, numpy) are never
    installed or replaced. Each of rpx's small dependencies and test tools (scripts/gpu_requirements.txt) that this
@@ -12,9 +13,12 @@
    modules' logic tests, a profile of specs/gpu_check.toml at fp32, tf32, fp16 and bf16 (Tier 1 to latency), the
    measured p50 latency against the roofline bound of the GPU rpx recognises, for the same call (bound / measured
    must lie in (0, 1]; a fraction above 1 fails, naming the figure that disagrees),
-   batch search of specs/gpu_batch_search.toml under a hard 8 GB budget, and a direct scan in this script (a
-   bisection of each stage's batch size, each size measured from an empty allocator cache under the same cap)
-   that batch search's limits must agree with (within its 5% resolution).
+   batch search of specs/gpu_batch_search.toml under a hard 8 GB budget (``rpx run``'s way: in a worker process),
+   and a direct scan that batch search's limits must agree with (within one resolution step, and at most 2%): a
+   plain bisection of each stage's batch size by real trials under the same conditions, run by batch search's own
+   trial code (rpx_plugins.batch_search.direct_scan) in a fresh process of its own (``--direct-scan``), every model
+   resident, the allocator capped as the search caps it, each trial from an empty cache. A disagreement is batch
+   search's defect, not the check's. ``--only batch-search`` runs that comparison alone (about a minute).
 3. **Results** for review in the output folder: ``gpu-check.json`` (every check with its figures) and the rpx
    results file of every run.
 
@@ -168,12 +172,11 @@ def profile_lines(report: Report, out: Path, device: str, precisions: tuple[str,
 
     from rpx_core.api import load_spec, run_spec
 
-    spec = load_spec(PROFILE_SPEC)
+    spec = with_device(load_spec(PROFILE_SPEC), device)
     for precision in precisions:
         path = out / f"gpu-check-{precision}.toml"
         started = time.perf_counter()
-        run = run_spec(attrs.evolve(spec, backend=device, device=f"{device}:0" if device == "cuda" else device,
-                                    precision=precision, output=str(path)), spec_path=str(PROFILE_SPEC))  # fmt: skip
+        run = run_spec(attrs.evolve(spec, precision=precision, output=str(path)), spec_path=str(PROFILE_SPEC))
         seconds = time.perf_counter() - started
         for model in run.models:
             failed = {stage: record.error for stage, record in model.stages.items() if record.status != "ok"}
@@ -211,77 +214,113 @@ def batch_search_lines(report: Report, out: Path, device: str) -> None:
 
     from rpx_core.api import load_spec, run_spec
 
-    spec = load_spec(BATCH_SEARCH_SPEC)
+    spec = with_device(load_spec(BATCH_SEARCH_SPEC), device)  # the constant read now: tests point it elsewhere
     path = out / "gpu-batch-search.toml"
-    spec = attrs.evolve(spec, backend=device, device=f"{device}:0" if device == "cuda" else device, output=str(path))
     started = time.perf_counter()
-    run = run_spec(spec, spec_path=str(BATCH_SEARCH_SPEC))
+    run = run_spec(attrs.evolve(spec, output=str(path)), spec_path=str(BATCH_SEARCH_SPEC))
     record = run.run_stages["batch_search"]
     if record.status != "ok":
         report.line("FAIL", "batch search", f"{record.status}: {record.error}")
         return
     result = record.result
-    report.line("PASS" if result.feasible and result.budget_enforced else "FAIL", "batch search",
+    limits = tuple(stage.largest_fitting_batch for stage in result.stages)
+    report.line("PASS" if result.feasible and result.budget_enforced == (device != "cpu") else "FAIL", "batch search",
                 f"{result.chosen_batch_sizes} at {result.frames_per_second:.4g} frames/s in {result.trial_count} trials, "
-                f"{time.perf_counter() - started:.0f} s, budget enforced: {result.budget_enforced}",
-                results=str(path))  # fmt: skip
-    scan_lines(report, spec, result)
+                f"{time.perf_counter() - started:.0f} s, budget enforced: {result.budget_enforced}, limits {limits}, this "
+                f"process at the start {mb(result.start_bytes)}, others {mb(result.others_at_start_bytes)}; "
+                f"{'; '.join(result.notes) or 'no notes'}", results=str(path))  # fmt: skip
+    scan_lines(report, out, device, result, BATCH_SEARCH_SPEC)
 
 
-def scan_lines(report: Report, spec, result) -> None:
-    """Each stage's largest batch within the usable budget, found here by bisection with every other model resident,
-    each size measured from an empty cache under the same hard cap (an out-of-memory error is "does not fit")."""
-    from rpx_core.execution.context import StageContext
+def with_device(spec, device: str):
+    import attrs
+
+    return attrs.evolve(spec, backend=device, device=f"{device}:0" if device == "cuda" else device)
+
+
+def mb(value: int | None) -> str:
+    return "unknown" if value is None else f"{value / 1e6:.0f} MB"
+
+
+#: How far batch search's limit may lie from the direct scan's: one resolution step, and at most this fraction.
+AGREEMENT = 0.02
+
+
+def agrees(found: int | None, exact: int | None) -> bool:
+    """Within ``AGREEMENT`` of the exact limit (at least one batch size either way), or both none."""
+    if found is None or exact is None:
+        return found == exact
+    return abs(found - exact) <= max(1, AGREEMENT * exact)
+
+
+def scan_lines(report: Report, out: Path, device: str, result, spec_path: Path) -> None:
+    """The direct scan in a process of its own, then one line per stage comparing its limit with batch search's."""
+    started = time.perf_counter()
+    command = [sys.executable, __file__, "--direct-scan", str(spec_path), "--device", device, "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    path = out / "direct-scan.json"
+    if done.returncode != 0 or not path.exists():
+        report.line("FAIL", "direct scan", f"exit {done.returncode}: {(done.stdout + done.stderr).strip()[-2000:]}")
+        return
+    scan = json.loads(path.read_text())
+    starts = (f"at the start, search / scan: this process {mb(result.start_bytes)} / {mb(scan['start_bytes'])}, others "
+              f"{mb(result.others_at_start_bytes)} / {mb(scan['others_at_start_bytes'])}, allocator cap "
+              f"{mb(result.allocator_cap_bytes)} / {mb(scan['allocator_cap_bytes'])}")
+    for stage, limits in zip(result.stages, scan["stages"]):
+        found, exact = stage.largest_fitting_batch, limits["largest_fitting_batch"]
+        report.line("PASS" if agrees(found, exact) else "FAIL", f"direct scan {stage.name}",
+                    f"largest fitting batch: scan {exact} (fails at {limits['smallest_failing_batch']}), batch search "
+                    f"{found} (fails at {stage.smallest_failing_batch}); {scan['trial_count']} trials in process "
+                    f"{scan['pid']}, {seconds:.0f} s; {starts}", scan=str(path))  # fmt: skip
+
+
+def direct_scan_here(spec_path: Path, out: Path, device: str) -> int:
+    """``--direct-scan SPEC``: this process bisects each stage of the spec's batch search by real trials as a worker
+    runs batch search (models resident, the same cap and cache rules), and writes direct-scan.json."""
+    from rpx_core.api import load_spec
+    from rpx_core.execution.context import RunContext, StageContext
     from rpx_core.registry.manager import Plugins
     from rpx_core.spec.plan import make_plan
-    from rpx_core.types.batch_search import used_bytes
+    from rpx_plugins.batch_search.direct_scan import direct_scan
 
+    spec = with_device(load_spec(spec_path), device)
     plugins = Plugins.load()
     plan = make_plan(spec, plugins)
     backend = plugins.backend(spec.backend)
-    device = spec.device
+    for module in backend.worker_preload:  # what rpx's worker processes hold before their first job
+        importlib.import_module(module)
     contexts = [StageContext(job, backend, plugins=plugins, gpu_catalog=plan.gpu_catalog) for job in plan.jobs]
-    models = [context.model() for context in contexts]
-    backend.set_memory_budget(device, result.budget_bytes)
-    try:
-        for stage, context in enumerate(contexts):
-            def fits(size: int) -> bool:
-                backend.release_cached_memory(device)
-                backend.reset_peak_memory(device)
-                try:
-                    args, kwargs = backend.make_inputs(context.job.model, size, context.job.precision, device)
-                    with backend.inference_context():
-                        backend.call_model(models[stage], args, kwargs)
-                    del args, kwargs
-                except Exception as exc:
-                    if not backend.is_out_of_memory(exc):
-                        raise
-                    backend.recover_from_oom(device)
-                    return False
-                used = used_bytes(backend.read_peak_memory(device))
-                return used is not None and used <= result.usable_bytes
-
-            low, high = 0, plan.options["batch_search"].max_batch + 1  # fits(low), not fits(high)
-            while high - low > 1:
-                middle = (low + high) // 2
-                low, high = (middle, high) if fits(middle) else (low, middle)
-            found = result.stages[stage].largest_fitting_batch or 0
-            agree = low == 0 and found == 0 or abs(found - low) <= max(1, 0.05 * low)
-            report.line("PASS" if agree else "FAIL", f"direct scan {context.job.model.name}",
-                        f"largest fitting batch: scan {low}, batch search {found}")  # fmt: skip
-    finally:
-        backend.set_memory_budget(device, None)
-        models.clear()  # the scan's copies of the models leave the device before the next check
-        backend.recover_from_oom(device)
+    result = direct_scan(RunContext(contexts, plan.options["batch_search"], backend, None, None))
+    summary = {
+        "pid": os.getpid(),
+        "trial_count": result.trial_count,
+        "start_bytes": result.start_bytes,
+        "others_at_start_bytes": result.others_at_start_bytes,
+        "allocator_cap_bytes": result.allocator_cap_bytes,
+        "notes": list(result.notes),
+        "stages": [{"name": stage.name, "largest_fitting_batch": stage.largest_fitting_batch,
+                    "smallest_failing_batch": stage.smallest_failing_batch} for stage in result.stages],
+    }  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "direct-scan.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--wheelhouse", type=Path, default=ROOT / "wheelhouse")
     parser.add_argument("--out", type=Path, default=ROOT / "rpx-gpu-check")
-    parser.add_argument("--device", choices=("cuda", "mps"), default="cuda")
+    parser.add_argument("--device", choices=("cuda", "mps", "cpu"), default="cuda",
+                        help="cpu: with --direct-scan only (the comparison's own logic is tested on the CPU)")
     parser.add_argument("--logic-tests", nargs="*", default=LOGIC_TESTS, help="the CPU logic tests to run")
+    parser.add_argument("--only", choices=("batch-search",), help="run this check alone (after the environment)")
+    parser.add_argument("--direct-scan", type=Path, help=argparse.SUPPRESS)  # SPEC: the scan's own process
     args = parser.parse_args(argv)
+    if args.direct_scan:
+        return direct_scan_here(args.direct_scan, args.out, args.device)
+    if args.device == "cpu":
+        parser.error("--device cpu is for --direct-scan only")
     args.out.mkdir(parents=True, exist_ok=True)
     report = Report(args.out)
     started = time.perf_counter()
@@ -290,16 +329,20 @@ def main(argv: list[str] | None = None) -> int:
         return ENVIRONMENT
     present, found = gpu_present(args.device)
     report.line("PASS" if present else "SKIP", "gpu", found)
-    pytest_line(report, f"tests needing the device ({args.device})", ["-m", args.device, *DEVICE_TESTS[args.device]],
-                gpu=present)  # fmt: skip
-    if args.logic_tests:
-        pytest_line(report, "logic tests of the GPU modules", ["-m", "not cuda", *args.logic_tests], gpu=True)
+    if args.only is None:
+        pytest_line(report, f"tests needing the device ({args.device})", ["-m", args.device, *DEVICE_TESTS[args.device]],
+                    gpu=present)  # fmt: skip
+        if args.logic_tests:
+            pytest_line(report, "logic tests of the GPU modules", ["-m", "not cuda", *args.logic_tests], gpu=True)
     if present:
-        profile_lines(report, args.out, args.device, PRECISIONS[args.device])
+        if args.only is None:
+            profile_lines(report, args.out, args.device, PRECISIONS[args.device])
         batch_search_lines(report, args.out, args.device)
     else:
-        for name in ("profile at " + ", ".join(PRECISIONS[args.device]), "latency vs roofline", "batch search",
-                     "direct scan"):  # fmt: skip
+        skipped = ("batch search", "direct scan")
+        if args.only is None:
+            skipped = ("profile at " + ", ".join(PRECISIONS[args.device]), "latency vs roofline", *skipped)
+        for name in skipped:
             report.line("SKIP", name, "no GPU")
     failed = any(check["status"] == "FAIL" for check in report.checks)
     code = FAILED if failed else (0 if present else NO_GPU)

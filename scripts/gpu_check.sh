@@ -7,7 +7,8 @@
 # whatever small dependency is missing go into a private folder on PYTHONPATH (RPX_GPU_CHECK_OUT/site). Prints one
 # PASS/FAIL/SKIP line per check and writes RPX_GPU_CHECK_OUT/gpu-check.json (default ./rpx-gpu-check).
 # Exit status: 0 passed, 1 a check failed, 2 the environment could not be prepared, 3 no GPU (see scripts/gpu_check.py).
-# Further arguments go to scripts/gpu_check.py (e.g. --logic-tests FILE... to run fewer logic tests).
+# Further arguments go to scripts/gpu_check.py (e.g. --logic-tests FILE... to run fewer logic tests, or
+# --only batch-search for batch search and its direct scan alone: about a minute of the device's time).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${RPX_GPU_PYTHON:-python3}

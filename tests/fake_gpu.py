@@ -11,9 +11,14 @@ What it models, after torch's CUDA caching allocator (``c10/cuda/CUDACachingAllo
   measured after another starts from whatever the earlier one left cached. Only ``empty_cache`` (or an allocation
   that cannot otherwise be met) returns unused segments to the device.
 * **a hard cap.** ``set_per_process_memory_fraction`` caps reserved bytes at ``fraction x total``; a new segment
-  that would cross the cap (or the device's free memory, which also loses ``context_bytes`` to the CUDA context)
-  first frees every unused cached segment, and if it still does not fit the request fails with torch's
-  out-of-memory error and message.
+  that would cross the cap (or the device's free memory, which also loses ``context_bytes`` to the CUDA context
+  and whatever other processes hold) first frees every unused cached segment (torch's ``release_cached_blocks``:
+  segments split between a live block and free ones stay), and if it still does not fit the request fails with
+  torch's out-of-memory error and message.
+* **other processes and NVML.** :meth:`FakeGpu.hold` makes another process hold device memory: it is gone from
+  ``mem_get_info``'s free memory and listed by a fake ``pynvml`` (installed with ``install(..., nvml=True)``) beside
+  this process, whose NVML figure is its context plus everything its allocator reserved, as NVML reports a real
+  one. ``nvml_pid`` lists this process under another id, as a container with its own PID namespace does.
 * **per-stream pools.** A block freed on one stream is reused only by requests on that stream, as in torch.
 * **streams and events.** Each stream has a virtual clock: a kernel launched on a stream advances that stream's
   clock by its modelled duration; an event records its stream's clock, and ``elapsed_time`` is the difference.
@@ -28,13 +33,17 @@ Models and inputs on the fake device are :class:`SimulatedModel` and :class:`Dev
 the fake allocator and their kernels on the fake streams, with sizes and durations given per sample. For a model
 counted as a real torch module and run on the fake device, :class:`DeviceLinear` takes :class:`DeviceTensor` inputs,
 which torch's own tensor factories make once :meth:`FakeGpu.install_tensor_factories` is in place (rpx makes inputs
-from shapes with them), and runs at a given fraction of a given peak.
+from shapes with them), and runs at a given fraction of a given peak. A layer may take a library workspace that grows
+with the batch (cuDNN's, cuBLAS's), allocated from the same allocator as torch does. :func:`h200_models` are the GPU
+check's two models fitted to their readings on an NVIDIA H200.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
+import sys
 import threading
 import types
 from typing import Any, Callable, Iterator
@@ -90,6 +99,7 @@ class CachingAllocator:
     def __init__(self, total_bytes: int, context_bytes: int, out_of_memory: Callable[..., BaseException]) -> None:
         self.total_bytes = total_bytes
         self.context_bytes = context_bytes  # device memory outside the allocator (CUDA context, Metal framework)
+        self.others_bytes = 0  # device memory other processes hold (FakeGpu.hold)
         self.out_of_memory = out_of_memory
         self.cap_bytes: int | None = None
         self.segments: list[Segment] = []
@@ -145,7 +155,7 @@ class CachingAllocator:
             self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
 
     def free_device_bytes(self) -> int:
-        return self.total_bytes - self.context_bytes - self.reserved
+        return self.total_bytes - self.context_bytes - self.reserved - self.others_bytes
 
     def _room_for(self, size: int) -> bool:
         within_cap = self.cap_bytes is None or self.reserved + size <= self.cap_bytes
@@ -237,8 +247,12 @@ class FakeGpu:
         context_bytes: int = 500 * MIB,
         name: str = "NVIDIA H100 80GB HBM3",
         max_buffer_bytes: int | None = None,
+        nvml_pid: int | None = None,
     ) -> None:
         self.kind, self.name = kind, name
+        self.uuid = "58f6ea4c-0000-0000-0000-000000000000"
+        self.nvml_pid = os.getpid() if nvml_pid is None else nvml_pid  # this process, as NVML lists it
+        self.others: dict[int, int] = {}  # pid -> bytes held by another process
         self.allocator = CachingAllocator(total_bytes, context_bytes, cuda_oom if kind == "cuda" else mps_oom)
         self.default_stream = FakeStream(self, "default")
         self.max_buffer_bytes = max_buffer_bytes
@@ -258,6 +272,11 @@ class FakeGpu:
     def current_stream(self) -> FakeStream:
         stack = getattr(self._local, "streams", None)
         return stack[-1] if stack else self.default_stream
+
+    def hold(self, pid: int, nbytes: int) -> None:
+        """Another process (``pid``) holds ``nbytes`` of the device (0: lets go)."""
+        self.others[pid] = nbytes
+        self.allocator.others_bytes = sum(self.others.values())
 
     def buffer(self, nbytes: int) -> "DeviceBuffer":
         if self.max_buffer_bytes is not None and nbytes > self.max_buffer_bytes:
@@ -337,7 +356,7 @@ class FakeGpu:
             self._device_index(device, optional=True)
             return types.SimpleNamespace(
                 name=self.name, total_memory=alloc.total_bytes, major=9, minor=0, multi_processor_count=132,
-                uuid="58f6ea4c-0000-0000-0000-000000000000",
+                uuid=self.uuid,
             )  # fmt: skip
 
         def new_stream(device: Any = None, priority: int = 0, **_: Any) -> FakeStream:
@@ -408,9 +427,37 @@ class FakeGpu:
             "synchronize": synchronize,
         }
 
-    def install(self, monkeypatch: Any) -> "FakeGpu":
-        """Replace torch's API for this device with the fake (undone by the monkeypatch fixture)."""
+    # -- pynvml --
+
+    def nvml_module(self) -> types.ModuleType:
+        """The part of ``pynvml`` rpx reads per-process memory with."""
+        module = types.ModuleType("pynvml")
+
+        class NVMLError(Exception):
+            pass
+
+        def handle(uuid: str) -> "FakeGpu":
+            if uuid != f"GPU-{self.uuid}":
+                raise NVMLError("Not Found")
+            return self
+
+        def processes(device: "FakeGpu") -> list[types.SimpleNamespace]:
+            mine = self.allocator.context_bytes + self.allocator.reserved
+            listed = [types.SimpleNamespace(pid=self.nvml_pid, usedGpuMemory=mine)]
+            return listed + [types.SimpleNamespace(pid=pid, usedGpuMemory=held) for pid, held in self.others.items()]
+
+        module.NVMLError = NVMLError
+        module.nvmlInit = module.nvmlShutdown = lambda: None
+        module.nvmlDeviceGetHandleByUUID = handle
+        module.nvmlDeviceGetComputeRunningProcesses = processes
+        return module
+
+    def install(self, monkeypatch: Any, nvml: bool | None = None) -> "FakeGpu":
+        """Replace torch's API for this device with the fake (undone by the monkeypatch fixture); ``nvml`` True
+        installs a fake ``pynvml`` for it, False hides any real one, None leaves ``pynvml`` as it is."""
         monkeypatch.setitem(globals(), "ACTIVE", self)
+        if nvml is not None:
+            monkeypatch.setitem(sys.modules, "pynvml", self.nvml_module() if nvml else None)
         if self.kind == "cuda":
             monkeypatch.setattr(torch.version, "cuda", "12.4")
             for name, value in self._cuda_api().items():
@@ -512,9 +559,11 @@ class SimulatedModel(torch.nn.Module):
     """A model whose weights and activations live on the fake device.
 
     Placing it (``.to(device=...)``) reserves ``weight_bytes``. A call runs ``len(layers)`` layers: layer i
-    allocates ``layers[i] x batch`` bytes while the previous layer's output is still alive, launches a kernel of
-    ``seconds_per_call + seconds_per_sample x batch`` divided among the layers, then frees the previous output; the
-    last layer's output is returned. So the peak of one call is the largest sum of two neighbouring layers.
+    allocates ``layers[i] x batch`` bytes while the previous layer's output is still alive, then a workspace of
+    ``workspaces[i] x batch`` bytes (none where ``workspaces`` is shorter) that it frees at once, launches a kernel
+    of ``seconds_per_call + seconds_per_sample x batch`` divided among the layers, then frees the previous output;
+    the last layer's output is returned. So the peak of one call is the largest sum of two neighbouring layers (a
+    layer's workspace included).
     """
 
     def __init__(
@@ -524,9 +573,10 @@ class SimulatedModel(torch.nn.Module):
         layers: tuple[int, ...],
         seconds_per_call: float = 1e-3,
         seconds_per_sample: float = 1e-4,
+        workspaces: tuple[int, ...] = (),
     ) -> None:
         super().__init__()
-        self.gpu, self.weight_bytes, self.layers = gpu, weight_bytes, layers
+        self.gpu, self.weight_bytes, self.layers, self.workspaces = gpu, weight_bytes, layers, workspaces
         self.seconds_per_call, self.seconds_per_sample = seconds_per_call, seconds_per_sample
         self.weights: DeviceBuffer | None = None
 
@@ -537,14 +587,17 @@ class SimulatedModel(torch.nn.Module):
         return self
 
     def peak_bytes_per_sample(self) -> int:
-        return max(a + b for a, b in zip((0, *self.layers), self.layers))
+        workspaces = self.workspaces + (0,) * (len(self.layers) - len(self.workspaces))
+        return max(a + b + w for a, b, w in zip((0, *self.layers), self.layers, workspaces))
 
     def forward(self, x: DeviceBuffer) -> DeviceBuffer:
         batch = x.batch
         seconds = (self.seconds_per_call + self.seconds_per_sample * batch) / len(self.layers)
         previous = None
-        for layer_bytes in self.layers:
+        for index, layer_bytes in enumerate(self.layers):
             current = self.gpu.buffer(layer_bytes * batch)
+            if index < len(self.workspaces) and self.workspaces[index]:
+                self.gpu.buffer(self.workspaces[index] * batch)  # freed as soon as made, as a kernel's workspace
             self.gpu.launch(seconds)
             previous = current  # the older output is freed here
         return previous
@@ -554,3 +607,40 @@ class SimulatedModel(torch.nn.Module):
 IMAGE = DeviceInputs(3 * 224 * 224 * 4)
 #: Inputs of 128 int64 token ids (1,024 bytes a sample).
 TOKENS = DeviceInputs(128 * 8)
+
+
+# -- the GPU check's models, fitted to an NVIDIA H200 ----------------------------------------------------------------
+
+#: The H200 as torch reports it (139.80 GiB), and this process's memory outside the allocator in every trial of the
+#: GPU check's batch search there (../shared/gpu-runs/2026-12-04: torch 2.11, CUDA 13.0): its CUDA context.
+H200_TOTAL = int(139.80 * 2**30)
+H200_CONTEXT = 728_563_712
+#: 3 x 224 x 224 fp16 images; 128 int64 token ids.
+H200_IMAGE = DeviceInputs(3 * 224 * 224 * 2)
+H200_TOKENS = DeviceInputs(128 * 8)
+_FP16_TOKENS = 128 * 1024 * 2  # one (128, 1024) fp16 activation: 262,144 bytes a sample
+
+
+def h200_models(gpu: FakeGpu) -> tuple[SimulatedModel, SimulatedModel]:
+    """specs/gpu_batch_search.toml's cnn-224 (64 channels, fp16) and transformer-134m (8 layers of 1024, fp16) as the
+    fake runs them: each layer's output a sample is the real tensor's (conv 64 x 224 x 224, pool, ..., logits
+    128 x 32000), in the order torch frees them, and the workspaces that grow with the batch (cnn: 6.25 MB a sample
+    beside conv1, 1.5 MB beside its batch norm; transformer: 0.5 MB beside each attention's qkv, 0.26 MB beside the
+    head's matmul) are fitted so that, both models resident, the peaks of three calls from an empty cache are the
+    H200's within 2% (tests/test_batch_search_gpu.py): allocated 5.22 GB (cnn at 333) and 4.99 GB (transformer at
+    538); reserved, with no cap reached, 5.70 and 6.85 GB (cnn at 274 and 333), 3.63 and 6.87 GB (transformer at 271
+    and 538). Weights: 0.4 MB (cnn); 268 MB of fp16 parameters plus the 32 MiB cuBLAS workspace (transformer)."""
+    image = 64 * 224 * 224 * 2
+    cnn = SimulatedModel(
+        gpu, 410_448,
+        (image, image, image, image // 4, image // 2, image // 2, image // 2, image // 8, 256, 2000),
+        workspaces=(6_250_000, 1_500_000),
+        seconds_per_call=2e-4, seconds_per_sample=4.8e-5,
+    )  # fmt: skip
+    block = (1, 3, 1, 1, 1, 1, 1, 4, 4, 1, 1)  # norm, qkv, attention, merge heads, proj, add, norm, fc1, gelu, fc2, add
+    layers = (_FP16_TOKENS, *[_FP16_TOKENS * width for width in block] * 8, _FP16_TOKENS, 128 * 32000 * 2)
+    workspaces = (0, *[2 * _FP16_TOKENS if width == 3 else 0 for width in block] * 8, 0, _FP16_TOKENS)
+    transformer = SimulatedModel(
+        gpu, 268_000_000 + 32 * MIB, layers, workspaces=workspaces, seconds_per_call=1e-3, seconds_per_sample=7e-5,
+    )  # fmt: skip
+    return cnn, transformer

@@ -18,6 +18,7 @@ from rpx_core.types.batch_search import (
     BatchSearchOptions,
     BatchSearchResult,
     BatchTracker,
+    MemoryFit,
     format_table,
     parse_memory_amount,
 )
@@ -130,6 +131,22 @@ def test_monotone_nonlinear_memory_matches_direct_scan(base, slope, curve, step_
     assert result.trial_count <= 20
 
 
+def test_a_predicted_memory_line_takes_the_place_of_calibration():
+    """A caller that can predict memory before measuring (a training step's activations from its shapes) passes one
+    line per stage: after batch 1 the search follows it instead of calibrating at 2 and 4, then its own readings,
+    and still brackets the limit with real trials. The prediction here is 5% pessimistic."""
+    base, slope, usable = 100 * MB, 10 * MB, 2000 * MB  # room for 190
+    predicted = (MemoryFit(intercept_bytes=base, slope_bytes_per_sample=1.05 * slope, points=0, rms_residual_bytes=0.0),)
+    result = simulate(planner(usable, resolution=0.01, predicted=predicted), lambda _, b: base + slope * b,
+                      overhead_rate)
+    tried = [trial.batch_sizes[0] for trial in result.trials]
+    assert tried[:2] == [1, 181] and 2 not in tried  # 1 + (2000 - 110) / 10.5 MB
+    assert 190 / 1.01 <= result.stages[0].largest_fitting_batch <= 190 < result.stages[0].smallest_failing_batch
+    assert result.trial_count <= 5, tried
+    unpredicted = simulate(planner(usable, resolution=0.01), lambda _, b: base + slope * b, overhead_rate)
+    assert [trial.batch_sizes[0] for trial in unpredicted.trials][:3] == [1, 2, 4]
+
+
 def test_resolution_stops_refining_within_the_fraction():
     base, slope, true_max = 500 * MB, 1 * MB, 200
 
@@ -186,22 +203,25 @@ def test_one_stage_limit_does_not_end_the_others_search():
     assert result.trial_count <= 7  # the seed needs about 17 for two stages
 
 
-def test_throughput_plateau_stops_growing():
+def test_a_throughput_plateau_does_not_stop_the_memory_search():
+    """A flat curve made the search stop growing at the first plateau, and its "largest fitting batch" was wherever
+    it stopped (the issue's CPU MLP: 0.80x the real limit). The limit is now always bracketed; the plateau only
+    decides the choice."""
+
     def flat(stage: int, size: int) -> float:  # the per-sample cost dominates from batch 1
         return 1000.0 * size / (size + 0.02)
 
     def used(stage: int, size: int) -> int:  # room for 190
         return 100 * MB + 10 * MB * size
 
-    stopping = simulate(planner(2000 * MB, gain_threshold=0.05), used, flat)
-    # calibration (1, 2, 4) never declares a plateau; the fitted limit (190) gained under 5% over 4 (a 4x span);
-    # a peak could hide inside that jump, so its geometric midpoint (28) is looked at once
-    assert [trial.batch_sizes for trial in stopping.trials] == [(1,), (2,), (4,), (190,), (28,)]
-    assert stopping.stages[0].stopped_by == "plateau"
-    exhaustive = simulate(planner(2000 * MB, gain_threshold=0.0), used, flat)
-    assert exhaustive.stages[0].largest_fitting_batch == 190
+    flat_search = simulate(planner(2000 * MB, gain_threshold=0.05, resolution=0.02), used, flat)
+    # calibration (1, 2, 4); the fitted limit (190) and one step above it (194, failing) bracket the limit; frames/s
+    # gained under 5% over the jump from 4, so its geometric midpoint (28) is looked at once
+    assert [trial.batch_sizes for trial in flat_search.trials] == [(1,), (2,), (4,), (190,), (194,), (28,)]
+    assert flat_search.stages[0].stopped_by == "memory limit"
+    assert flat_search.stages[0].largest_fitting_batch == 190 and flat_search.stages[0].smallest_failing_batch == 194
     rising = simulate(planner(2000 * MB, gain_threshold=0.05), used, overhead_rate)
-    assert rising.stages[0].largest_fitting_batch == 190  # gains above 5% per doubling keep it growing
+    assert rising.stages[0].largest_fitting_batch == 190 == rising.chosen_batch_sizes[0]
 
 
 def test_confirms_the_combination_of_per_stage_bests_once():

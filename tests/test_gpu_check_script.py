@@ -4,6 +4,8 @@ backend with a small spec), the latency-vs-roofline verdict, and which requireme
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import types
 from pathlib import Path
 
@@ -82,3 +84,56 @@ def test_unmet_requirements_are_missing_or_too_old():
     assert gpu_check.unmet_requirements(["pytest>=1", "pytest>=999", "no-such-package-rpx>=1"]) == [
         "pytest>=999", "no-such-package-rpx>=1",
     ]  # fmt: skip
+
+
+BATCH = """
+name = "small-batch"
+backend = "cpu"
+precision = "fp32"
+stages = ["batch_search"]
+[options.batch_search]
+memory_budget = "4GB"
+max_batch = 16
+trial_seconds = 0.02
+gain_threshold = 0.0
+[[models]]
+name = "cnn"
+source = "rpx_plugins.torch.zoo:tiny_cnn"
+inputs = [{ shape = [1, 3, 32, 32], dtype = "float32" }]
+"""
+
+
+def test_batch_search_and_its_direct_scan_each_run_in_a_process_of_their_own(tmp_path, monkeypatch):
+    """The comparison on the cpu backend (the budget never binds: both reach max_batch): batch search runs as rpx run
+    runs it, in a worker, and the direct scan in a fresh process started by the check, neither in the check's own
+    process (on the H200 the old scan ran there, and saw 0.73 GB more in use outside its allocator than the search's
+    worker had: one more CUDA context, which it counted against the budget)."""
+    spec = tmp_path / "batch.toml"
+    spec.write_text(BATCH)
+    monkeypatch.setattr(gpu_check, "BATCH_SEARCH_SPEC", spec)
+    report = gpu_check.Report(tmp_path)
+    gpu_check.batch_search_lines(report, tmp_path, "cpu")
+    statuses = {check["name"]: (check["status"], check["figure"]) for check in report.checks}
+    assert statuses["batch search"][0] == "PASS" and "limits (16,)" in statuses["batch search"][1]
+    status, figure = statuses["direct scan cnn"]
+    assert status == "PASS" and figure.startswith("largest fitting batch: scan 16 (fails at None), batch search 16")
+    scan = json.loads((tmp_path / "direct-scan.json").read_text())
+    assert scan["pid"] != os.getpid() and scan["stages"] == [
+        {"name": "cnn", "largest_fitting_batch": 16, "smallest_failing_batch": None}
+    ]
+    assert (tmp_path / "gpu-batch-search.toml").exists()
+
+
+@pytest.mark.parametrize(
+    ("found", "exact", "agree"),
+    [(538, 478, False), (333, 383, False), (745, 752, True), (752, 745, True), (98, 100, True), (97, 100, False),
+     (1, 2, True), (None, None, True), (None, 5, False)],
+)  # fmt: skip
+def test_limits_agree_within_two_percent_or_one_batch(found, exact, agree):
+    assert gpu_check.agrees(found, exact) == agree  # the H200's first run: (538, 478) and (333, 383) failed
+
+
+def test_cpu_is_for_the_direct_scan_only(capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--device", "cpu"])
+    assert "--device cpu is for --direct-scan only" in capsys.readouterr().err

@@ -36,12 +36,21 @@ class MemoryPeak:
     ``start_bytes`` is the same figure as ``peak_bytes`` read when the region started, so ``increment_bytes`` (peak
     minus start) is what the measured region itself added on top of what was held before it (model, earlier
     buffers, the interpreter); ``method`` says how the start was read too.
+
+    Whose memory: ``peak_bytes``, ``reserved_bytes`` and ``outside_allocator_bytes`` are this process's;
+    ``other_processes_bytes`` is everything else in use on the device (other processes, the driver), read when the
+    region ended. Where the two cannot be told apart (CUDA without NVML's per-process figures),
+    ``other_processes_bytes`` is None (unknown) and ``outside_allocator_bytes`` holds all device memory outside this
+    process's allocator, other processes' included, as ``method`` says.
     """
 
     method: str
     peak_bytes: int | None = None  # peak of the region: RSS on CPU, allocated by the framework allocator on devices
     reserved_bytes: int | None = None  # peak reserved by the allocator's caching pool (CUDA)
-    outside_allocator_bytes: int | None = None  # device memory used outside the framework allocator (context, libraries)
+    #: this process's device memory outside the framework allocator (CUDA context, library handles), read at the end
+    outside_allocator_bytes: int | None = None
+    other_processes_bytes: int | None = None  # device memory in use by anything else; None: unknown
+    device_free_bytes: int | None = None  # the device's free memory when read (host: available RAM)
     sampled: bool = False  # True when the peak is the max of periodic samples, so a short spike may be missed
     start_bytes: int | None = None  # peak_bytes's figure at the region's start
     increment_bytes: int | None = None  # peak_bytes - start_bytes: the region's own need
@@ -204,5 +213,7 @@ class Backend:
         gc.collect()
 
     def set_memory_budget(self, device: str, budget_bytes: int | None) -> bool:
-        """Make ``budget_bytes`` a hard limit for this process if the runtime can; return whether it did."""
+        """Make ``budget_bytes`` a hard limit on what this process's framework allocator may hold, if the runtime
+        can (None lifts it); return whether it did. batch_search passes its usable budget less the process's memory
+        outside the allocator (``MemoryPeak.outside_allocator_bytes``), so the process as a whole stays within it."""
         return False

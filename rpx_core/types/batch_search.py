@@ -33,11 +33,13 @@ UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }  # fmt: skip
 _AMOUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
-#: What the budget is compared with: the whole usage at the trial's peak, not the measured region's increment (the
-#: models, their weights and everything the process held before count, as they would in deployment).
+#: What the budget is compared with: this process's whole usage at the trial's peak, not the measured region's
+#: increment (the models, their weights and everything the process held before count, as they would in deployment),
+#: and not other processes' use of the device, which is recorded apart.
 BUDGET_HOLDS = (
-    "each trial's absolute peak (used_bytes: reserved, else allocated, plus memory outside the allocator; the "
-    "process's whole RSS on CPU), not the region's increment"
+    "this process's footprint at each trial's peak (used_bytes: reserved, else allocated, plus this process's memory "
+    "outside the allocator, its CUDA context and library handles; the process's whole RSS on CPU), not the region's "
+    "increment; other processes' use of the device is recorded apart (others_bytes) and not counted"
 )
 #: The smallest amount an integer may give, in bytes: below it, an integer is almost certainly a missing unit.
 MIN_BYTES = 2**20
@@ -144,19 +146,21 @@ class BatchSearchOptions:
     #: the backend can (CUDA).
     memory_budget: int | float | str = attrs.field(default="0.8", validator=_memory_amount)
     #: Kept free below the budget: a size with a unit, bytes as an integer (at least 1 MiB), or a fraction of the
-    #: budget. A trial whose memory exceeds budget - margin counts as "over_budget", a failure like out-of-memory.
-    #: 0: no margin.
+    #: budget. A trial whose memory exceeds budget - margin (the usable budget) counts as "over_budget", a failure
+    #: like out-of-memory; where the backend enforces a budget, the allocator is capped at the usable budget less
+    #: the process's memory outside it. 0: no margin.
     safety_margin: int | float | str = attrs.field(default=0.05, validator=_margin_amount)
     #: The largest batch size tried for any stage.
     max_batch: int = attrs.field(default=256, validator=convert.batch_size)
     #: Timed seconds per stage per trial (back-to-back calls until this much time passed; at least one call).
     trial_seconds: float = attrs.field(default=1.0, validator=seconds_validator())
-    #: Stop growing a stage when doubling its batch size raised its throughput by less than this fraction;
-    #: 0 disables the stop (each stage grows to its memory limit or max_batch).
+    #: Throughput differences below this fraction are not chased: once every stage's memory limit is found, sizes
+    #: around the fastest one are probed only where a gain above it may hide (concurrent stages: the bottleneck
+    #: stops growing when doubling gained less). 0: a memory-only search (the choice is the fastest size measured).
     gain_threshold: float = attrs.field(default=0.05, validator=_fraction_below_one)
-    #: Stop refining a stage's memory limit once the largest fitting and the smallest failing batch sizes are
-    #: within this fraction of each other; 0 finds the exact limit.
-    resolution: float = attrs.field(default=0.05, validator=_fraction_below_one)
+    #: Each stage's memory limit is searched until the largest fitting and the smallest failing batch sizes are
+    #: within this fraction of each other (or adjacent); 0 finds the exact limit.
+    resolution: float = attrs.field(default=0.01, validator=_fraction_below_one)
     #: True: stages run at the same time on the device (one thread each) and share the budget; False: one after
     #: another, so each stage's peak must fit on its own.
     concurrent: bool = False
@@ -175,11 +179,19 @@ class StageMeasurement:
     samples_per_second: float | None = None  # raw: calls * batch_size / seconds
     frames_per_second: float | None = None  # adjusted: samples_per_second / product of upstream fan_outs
     used_bytes: int | None = None  # sequential trials: memory while this stage ran alone (see Trial.used_bytes)
+    allocated_bytes: int | None = None  # sequential trials: MemoryPeak.peak_bytes while this stage ran alone
+    reserved_bytes: int | None = None  # sequential trials: MemoryPeak.reserved_bytes while this stage ran alone
+    others_bytes: int | None = None  # sequential trials: other processes' use of the device; None: unknown
     failure: Failure | None = None
     error: str | None = None  # the out-of-memory error, "ExceptionType: message"
     #: The trial's own noise: (max - min) / (2 x median) of the samples/s of its timed chunks (NOISE_CHUNKS), shown
     #: as "±"; None with a single chunk (one call) or in results written before it was recorded.
     noise: float | None = None
+
+    @property
+    def needed_bytes(self) -> int | None:
+        """See :func:`needed_bytes`."""
+        return needed_bytes(self.used_bytes, self.allocated_bytes, self.reserved_bytes)
 
 
 @attrs.frozen
@@ -191,18 +203,36 @@ class Trial:
     batch_sizes: tuple[int, ...]  # per stage, pipeline order
     stages: tuple[StageMeasurement, ...]
     seconds: float  # host wall time of the whole trial (inputs, warm-up and timed calls)
-    #: What is compared with the budget: reserved bytes (peak bytes where the backend has no reserve pool) plus
-    #: memory used outside the framework allocator.
+    #: What is compared with the budget, this process's footprint: reserved bytes (peak bytes where the backend
+    #: has no reserve pool) plus this process's memory outside the framework allocator.
     used_bytes: int | None = None
     peak_bytes: int | None = None  # MemoryPeak.peak_bytes: allocated by the framework allocator (CPU: whole RSS)
     reserved_bytes: int | None = None  # MemoryPeak.reserved_bytes: the allocator's caching pool (CUDA)
-    outside_allocator_bytes: int | None = None  # MemoryPeak.outside_allocator_bytes
+    #: MemoryPeak.outside_allocator_bytes: this process's (CUDA context, library handles); everyone's outside the
+    #: allocator where others_bytes is None and the backend could not tell them apart (see memory_method)
+    outside_allocator_bytes: int | None = None
+    others_bytes: int | None = None  # MemoryPeak.other_processes_bytes: the rest of the device's use; None: unknown
     failure: Failure | None = None  # "oom" wins over "over_budget" when stages failed differently
     frames_per_second: float | None = None  # the pipeline's: min over stages of frames_per_second; None on failure
 
     @property
     def ok(self) -> bool:
         return self.failure is None
+
+    @property
+    def needed_bytes(self) -> int | None:
+        """See :func:`needed_bytes`."""
+        return needed_bytes(self.used_bytes, self.peak_bytes, self.reserved_bytes)
+
+
+def needed_bytes(used: int | None, allocated: int | None, reserved: int | None) -> int | None:
+    """What a reading says the process needs: its footprint with nothing cached, i.e. allocated at the peak plus
+    its memory outside the allocator (``used - reserved``). Reserved bytes beyond that are blocks a caching
+    allocator keeps for reuse and frees before it fails, so under a cap they are not a need. Where there is no
+    reserve pool (CPU RSS, JAX), the footprint itself."""
+    if used is None or allocated is None or reserved is None:
+        return used
+    return allocated + (used - reserved)
 
 
 @attrs.frozen
@@ -224,10 +254,15 @@ class StageSummary:
     upstream_fan_out: float  # product of the fan_outs before it: frames_per_second = samples_per_second / this
     stopped_by: str  # "memory limit", "predicted memory limit", "max_batch", "plateau", "infeasible", "not the bottleneck"
     chosen_batch: int | None = None
-    largest_fitting_batch: int | None = None  # concurrent: with the other stages at the final combination
+    #: The largest size run within the budget; sequential stages: with smallest_failing_batch, it brackets the
+    #: stage's memory limit within ``resolution`` (or they are adjacent). Concurrent: with the other stages at the
+    #: final combination.
+    largest_fitting_batch: int | None = None
     smallest_failing_batch: int | None = None  # idem; None when no larger batch failed
     predicted_max_batch: int | None = None  # the memory fit's largest batch within the usable budget (<= max_batch)
-    memory_fit: MemoryFit | None = None  # None until the stage ran at two sizes with a memory reading
+    #: The line of needed bytes (trial.needed_bytes: allocated plus outside the allocator, RSS on CPU) against batch
+    #: size; None until the stage ran at two sizes with a memory reading
+    memory_fit: MemoryFit | None = None
 
 
 @attrs.frozen
@@ -252,6 +287,17 @@ class BatchSearchResult:
     headroom_bytes: int | None = None  # budget_bytes - the chosen trial's used_bytes
     #: Which memory figure the budget holds each trial to (BUDGET_HOLDS); None in results written before it was said.
     budget_holds: str | None = None
+    #: The cap put on the framework allocator: usable_bytes less this process's memory outside the allocator at the
+    #: start; None where the budget was not enforced.
+    allocator_cap_bytes: int | None = None
+    #: This process's footprint with every model of the pipeline resident, before the first trial (used_bytes's
+    #: figure), the other processes' use of the device and its free memory then; None where unknown.
+    start_bytes: int | None = None
+    others_at_start_bytes: int | None = None
+    free_at_start_bytes: int | None = None
+    #: What a reader must know to act on the figures: a budget the device's free memory cannot hold, other
+    #: processes' use that could not be told apart from this process's.
+    notes: tuple[str, ...] = ()
 
     @property
     def batch_sizes(self) -> list[tuple[int, ...]]:
@@ -292,7 +338,7 @@ def _rate(stage: StageMeasurement, adjusted: bool) -> float:
 
 
 def used_bytes(peak: MemoryPeak) -> int | None:
-    """What a region used from the device's point of view: reserved (else allocated) plus outside the allocator."""
+    """This process's footprint in a region: reserved (else allocated) plus its memory outside the allocator."""
     held = peak.reserved_bytes if peak.reserved_bytes is not None else peak.peak_bytes
     return None if held is None else held + (peak.outside_allocator_bytes or 0)
 
@@ -359,6 +405,9 @@ class BatchTracker:
                 samples_per_second=rate,
                 frames_per_second=None if rate is None else rate / self.upstream[stage],
                 used_bytes=used,
+                allocated_bytes=None if peak is None else peak.peak_bytes,
+                reserved_bytes=None if peak is None else peak.reserved_bytes,
+                others_bytes=None if peak is None else peak.other_processes_bytes,
                 failure=failure,
                 error=error,
                 noise=noise if failure is None else None,
@@ -387,6 +436,7 @@ class BatchTracker:
             peak_bytes=_max_field(row.peaks, "peak_bytes"),
             reserved_bytes=_max_field(row.peaks, "reserved_bytes"),
             outside_allocator_bytes=_max_field(row.peaks, "outside_allocator_bytes"),
+            others_bytes=_max_field(row.peaks, "other_processes_bytes"),
             failure=verdict,
             frames_per_second=min(rates) if verdict is None and None not in rates else None,
         )
@@ -421,8 +471,8 @@ def format_table(result: BatchSearchResult) -> str:
     """The trials as a text table: batch sizes and frames/s per stage, pipeline frames/s, memory in MB, outcome.
     The chosen trial is marked with ``*``."""
     names = [stage.name for stage in result.stages]
-    header = ["#", "batch sizes", *[f"{name} fps ±noise" for name in names], "pipeline fps", "used MB", "reserved MB"]
-    header += ["outcome", "s"]
+    header = ["#", "batch sizes", *[f"{name} fps ±noise" for name in names], "pipeline fps", "allocated MB"]
+    header += ["reserved MB", "process MB", "others MB", "outcome", "s"]
     rows = [header]
     for trial in result.trials:
         mark = "*" if trial.index == result.chosen_trial else " "
@@ -431,8 +481,8 @@ def format_table(result: BatchSearchResult) -> str:
             "x".join(map(str, trial.batch_sizes)),
             *[_with_noise(stage) for stage in trial.stages],
             _number(trial.frames_per_second),
-            _number(None if trial.used_bytes is None else trial.used_bytes / 1e6),
-            _number(None if trial.reserved_bytes is None else trial.reserved_bytes / 1e6),
+            *[_number(None if value is None else value / 1e6)
+              for value in (trial.peak_bytes, trial.reserved_bytes, trial.used_bytes, trial.others_bytes)],
             trial.failure or "ok",
             f"{trial.seconds:.2f}",
         ])  # fmt: skip
@@ -440,8 +490,8 @@ def format_table(result: BatchSearchResult) -> str:
     lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
     budget = f"usable {result.usable_bytes / 1e6:.0f} MB of a {result.budget_bytes / 1e6:.0f} MB budget"
     if result.budget_holds:
-        budget += " (held to each trial's absolute peak, not its increment)"
-    return "\n".join([*lines, f"{budget}; {result.reason}"])
+        budget += " (held to this process's absolute peak, not its increment; others' use apart, - = unknown)"
+    return "\n".join([*lines, f"{budget}; {result.reason}", *result.notes])
 
 
 def _with_noise(stage: StageMeasurement) -> str:

@@ -2,15 +2,23 @@
 timer, peak memory, out-of-memory recognition and recovery, memory budget), so it works on every backend that
 reads peak memory or enforces a budget.
 
+Whose memory: the budget holds this process's footprint (the allocator's reserved bytes, else allocated, plus the
+process's own memory outside it: CUDA context, library handles; RSS on CPU). Other processes' use of the device
+is recorded beside it and not counted; where the backend cannot tell the two apart, the result says so.
+
 Every model of the pipeline is placed on the device before the first trial and stays there (a pipeline's models
-are resident together). Before each measured region (each stage of a sequential trial, each concurrent trial) the
-backend gives back what its allocator caches (``release_cached_memory``): a caching allocator's reserved peak
-otherwise starts from what the previous stage or trial left cached, and one trial's cache would count against
-every later, smaller one. Concurrent stages run in one thread each, each inside the backend's
-``concurrent_worker`` (its own CUDA stream), so they overlap on the device. Inputs are made fresh for each trial
-and dropped after it (``ctx.inputs`` would cache every size tried and inflate later trials). A trial that raises the backend's out-of-memory error is recorded as "oom",
-every reference to its inputs and outputs is dropped, and the backend recovers before the next trial; any other
-exception is a real failure and ends the stage.
+are resident together), and each stage is called once at batch 1 (kernels loaded, library handles made). Then the
+start is read (:class:`Start`): where the backend enforces a budget, its allocator is capped at the usable budget
+less the process's memory outside the allocator, so the process as a whole fits it, and an allocator at the cap
+gives back its cached blocks before it fails, as it would in deployment. A device whose free memory cannot hold the
+usable budget is a note in the result. Before each measured region (each stage of a sequential trial, each
+concurrent trial) the backend gives back what its allocator caches (``release_cached_memory``; the C heap's free
+memory on CPU): a reserved peak otherwise starts from what the previous stage or trial left cached, and one trial's
+cache would count against every later, smaller one. Concurrent stages run in one thread each, each inside the
+backend's ``concurrent_worker`` (its own CUDA stream), so they overlap on the device. Inputs are made fresh for each
+trial and dropped after it (``ctx.inputs`` would cache every size tried and inflate later trials). A trial that
+raises the backend's out-of-memory error is recorded as "oom", every reference to its inputs and outputs is
+dropped, and the backend recovers before the next trial; any other exception is a real failure and ends the stage.
 """
 
 from __future__ import annotations
@@ -39,13 +47,22 @@ from rpx_core.types.batch_search import (
     BatchSearchResult,
     BatchTracker,
     parse_memory_amount,
+    used_bytes,
 )
 from rpx_plugins.batch_search.planner import BatchPlanner
 from rpx_plugins.measurement import gc_paused
 
+NO_READING = "no memory reading (out-of-memory errors at the enforced budget only)"
+
 
 @hookimpl(trylast=True)
 def rpx_batch_search(ctx: RunContext) -> BatchSearchResult:
+    return run_search(ctx)
+
+
+def run_search(ctx: RunContext, policy: type[BatchPlanner] = BatchPlanner) -> BatchSearchResult:
+    """The search with the trials ``policy`` asks for (rpx_plugins.batch_search.direct_scan passes a plain
+    bisection, so that it differs from the search in nothing else)."""
     options: BatchSearchOptions = ctx.options or BatchSearchOptions()
     stages = pipeline_stages(ctx.models, options.pipeline)
     backend, device = ctx.backend, stages[0].job.device
@@ -53,39 +70,39 @@ def rpx_batch_search(ctx: RunContext) -> BatchSearchResult:
     margin = parse_memory_amount(options.safety_margin, allow_zero=True).resolve(lambda: budget)
     if margin >= budget:
         raise RpxError(f"options.batch_search.safety_margin: {margin} bytes leaves nothing of the {budget}-byte budget")
-    fan_outs = tuple(stage.job.model.fan_out for stage in stages)
-    planner = BatchPlanner(
+    planner = policy(
         names=tuple(stage.job.model.name for stage in stages),
-        fan_outs=fan_outs,
+        fan_outs=tuple(stage.job.model.fan_out for stage in stages),
         usable_bytes=budget - margin,
         max_batch=options.max_batch,
         concurrent=options.concurrent,
         gain_threshold=options.gain_threshold,
         resolution=options.resolution,
     )
-    tracker = BatchTracker(fan_outs, budget - margin)
+    tracker = BatchTracker(planner.fan_outs, budget - margin)
     if ctx.previous is not None:  # resumed after an interruption: its finished trials count, the search goes on
         tracker.resume(ctx.previous.trials)
-    enforced = backend.set_memory_budget(device, budget)
+    start = Start()
 
     def outcome() -> BatchSearchResult:
-        method = tracker.memory_method or "no memory reading (out-of-memory errors at the enforced budget only)"
+        method = tracker.memory_method or start.method or NO_READING
         return planner.result(tracker.trials, budget_bytes=budget, safety_margin_bytes=margin,
-                              budget_enforced=enforced, memory_method=method)
+                              budget_enforced=start.cap is not None, memory_method=method, **start.facts(budget - margin))
 
     try:
-        _require_memory_readings(backend, device, enforced)
         runner = TrialRunner(backend, device, stages, [stage.model() for stage in stages], tracker, options.trial_seconds)
+        start.read(runner, budget - margin)
         while (sizes := planner.next_combination(tracker.trials)) is not None:
             ctx.progress("batch-search trials", len(tracker.trials))
             runner.run(sizes, concurrent=options.concurrent)
     except KeyboardInterrupt as interrupt:  # keep the finished trials: recorded as the interrupted stage's result
         raise with_partial(interrupt, outcome()) from None
     finally:
-        if enforced:
+        if start.cap is not None:
             backend.set_memory_budget(device, None)
         for stage in stages:
             stage.release()
+        backend.release_cached_memory(device)  # what the last trial left cached is no one's
     return outcome()
 
 
@@ -118,16 +135,61 @@ def device_memory_bytes(backend: Backend, device: str) -> int:
     return total
 
 
-def _require_memory_readings(backend: Backend, device: str, enforced: bool) -> None:
-    """Read an empty region: a backend whose peaks come from a region it started (MPS's sampler) has no reading
-    before its first reset, and batch search may be the first thing to run."""
-    backend.reset_peak_memory(device)
-    reading = backend.read_peak_memory(device)
-    if reading.peak_bytes is None and reading.reserved_bytes is None and not enforced:
-        raise UnsupportedError(
-            f"batch_search needs peak-memory readings or an enforced memory budget; backend {backend.name!r} has "
-            f"neither ({reading.method})"
-        )
+@attrs.define
+class Start:
+    """Where the search starts: this process's footprint with every model resident and each stage called once at
+    batch 1 (the CUDA context has loaded those kernels, the libraries their handles), other processes' use of the
+    device and its free memory then; the cap put on the framework allocator from it."""
+
+    reading: MemoryPeak | None = None
+    cap: int | None = None  # None: the backend does not enforce a budget
+
+    @property
+    def method(self) -> str | None:
+        return None if self.reading is None else self.reading.method
+
+    def read(self, runner: TrialRunner, usable: int) -> None:
+        """Warm up, read, and cap the allocator at the usable budget less this process's memory outside it."""
+        backend, device = runner.backend, runner.device
+        runner.warm_up()
+        backend.release_cached_memory(device)
+        backend.reset_peak_memory(device)
+        self.reading = backend.read_peak_memory(device)
+        cap = usable - (self.reading.outside_allocator_bytes or 0)
+        if cap <= 0:
+            raise RpxError(
+                f"options.batch_search: the usable budget ({usable / 1e6:.0f} MB) is less than this process's memory "
+                f"outside the framework allocator ({self.reading.outside_allocator_bytes / 1e6:.0f} MB: "
+                f"{self.reading.method})"
+            )
+        if backend.set_memory_budget(device, cap):
+            self.cap = cap
+        elif self.reading.peak_bytes is None and self.reading.reserved_bytes is None:
+            raise UnsupportedError(
+                f"batch_search needs peak-memory readings or an enforced memory budget; backend {backend.name!r} has "
+                f"neither ({self.reading.method})"
+            )
+
+    def facts(self, usable: int) -> dict[str, Any]:
+        """The result's fields about the start, with the notes a reader needs to act on the figures."""
+        if self.reading is None:
+            return {}
+        own, others, free = used_bytes(self.reading), self.reading.other_processes_bytes, self.reading.device_free_bytes
+        notes = []
+        if self.reading.outside_allocator_bytes is not None and others is None:
+            notes.append(
+                "other processes' use of the device could not be told apart from this process's (see memory_method): "
+                "all memory outside this process's allocator counts against the budget"
+            )
+        if own is not None and free is not None and free < usable - own:
+            busy = "" if others is None else f"; other processes use {others / 1e6:.0f} MB"
+            notes.append(
+                f"only {free / 1e6:.0f} MB of the device is free beside this process's {own / 1e6:.0f} MB, less than "
+                f"the usable budget of {usable / 1e6:.0f} MB{busy}: trials near the limit fail for the device's "
+                "memory, not the budget's"
+            )
+        return dict(allocator_cap_bytes=self.cap, start_bytes=own, others_at_start_bytes=others,
+                    free_at_start_bytes=free, notes=tuple(notes))
 
 
 #: A trial's timed calls are split into this many chunks, each timed on its own, so the trial knows its noise.
@@ -263,6 +325,23 @@ class TrialRunner:
                 self.tracker.record_stage(stage, failure="oom", error=error)
         self.backend.recover_from_oom(self.device)
         return None
+
+    def warm_up(self) -> None:
+        """Each stage called once at batch 1, untimed; an out-of-memory error is left for the first trial to meet."""
+        for stage in range(len(self.stages)):
+            try:
+                self._call_once(stage)
+            except Exception as exc:
+                if not self.backend.is_out_of_memory(exc):
+                    raise
+                drop_frames(exc)
+                self.backend.recover_from_oom(self.device)
+
+    def _call_once(self, stage: int) -> None:
+        job = self.stages[stage].job
+        args, kwargs = self.backend.make_inputs(job.model, 1, job.precision, job.device)
+        with self.backend.inference_context():
+            self.backend.call_model(self.models[stage], args, kwargs)
 
     def _start_region(self) -> None:
         """A clean start for a measured region: nothing cached by earlier regions, peaks reset."""

@@ -41,7 +41,9 @@ def pipeline_names_models(spec: Any, options: BatchSearchOptions) -> Iterable[st
 
 
 def trials_table(run: Any) -> Table | None:
-    """Every trial of the batch search, the chosen one marked, with the budget and the reason of the choice."""
+    """Every trial of the batch search, the chosen one marked, with whose memory each figure is: allocated and
+    reserved by this process's allocator, this process's total (what the budget holds) and other processes' use of
+    the device (- where it could not be told apart); under it the budget, the start and the reason of the choice."""
     result = run_result(run, "batch_search")
     if result is None:
         return None
@@ -49,12 +51,13 @@ def trials_table(run: Any) -> Table | None:
     rows = []
     for trial in result.trials:
         chosen = trial.index == result.chosen_trial
+        memory = (trial.peak_bytes, trial.reserved_bytes, trial.used_bytes, field(trial, "others_bytes"))
         rows.append([
             Cell(trial.index, f"{trial.index}{' *' if chosen else ''}"),
             Cell(list(trial.batch_sizes), " x ".join(map(str, trial.batch_sizes))),
             *[Cell.of(stage.frames_per_second, lambda v: units.rate(v, " fps"), _noise(stage)) for stage in trial.stages],
             Cell.of(trial.frames_per_second, lambda v: units.rate(v, " fps")),
-            Cell.of(trial.used_bytes, units.size),
+            *[Cell.of(value, units.size) for value in memory],
             Cell(trial.failure or "ok", trial.failure or "ok"),
             Cell.of(trial.seconds, units.seconds),
         ])  # fmt: skip
@@ -64,10 +67,28 @@ def trials_table(run: Any) -> Table | None:
     choice = (f"chosen: trial {result.chosen_trial}, batch sizes "
               + ", ".join(f"{n}={b}" for n, b in zip(names, result.chosen_batch_sizes))
               if result.chosen_batch_sizes else "no combination fits")
+    memory_columns = [Column("allocated", "bytes"), Column("reserved", "bytes"), Column("this process", "bytes"),
+                      Column("others", "bytes")]
     return Table("batch_search", "Batch search: trials (* = chosen; ± = the trial's own noise)",
                  [Column("trial"), Column("batch sizes"), *[Column(f"{name} throughput", "frames/s") for name in names],
-                  Column("pipeline throughput", "frames/s"), Column("used", "bytes"), Column("outcome"),
-                  Column("elapsed", "s")], rows, [choice, result.reason, budget])
+                  Column("pipeline throughput", "frames/s"), *memory_columns, Column("outcome"), Column("elapsed", "s")],
+                 rows, [choice, result.reason, *_start(result), budget, *field(result, "notes", ())])
+
+
+def _start(result: Any) -> list[str]:
+    """The line on where the search started: this process with every model resident, others, free, the cap."""
+    start = field(result, "start_bytes")
+    if start is None:
+        return []
+    others, free, cap = (field(result, name) for name in ("others_at_start_bytes", "free_at_start_bytes",
+                                                          "allocator_cap_bytes"))
+    shown = [f"at the start this process held {units.size(start)}",
+             f"others {units.size(others) if others is not None else 'unknown'}"]
+    if free is not None:
+        shown.append(f"free {units.size(free)}")
+    if cap is not None:
+        shown.append(f"allocator capped at {units.size(cap)}")
+    return [", ".join(shown)]
 
 
 def _noise(stage: Any) -> str:
@@ -106,7 +127,7 @@ def batch_chart(run: Any) -> Any:
         top.plot([], [], "o", markerfacecolor="none", markeredgecolor="black", markersize=10,
                  label=f"chosen (trial {result.chosen_trial})")
     top.set_ylabel("frames/s")
-    bottom.set_ylabel("memory used (MB)")
+    bottom.set_ylabel("this process's memory (MB)")
     bottom.set_xlabel("batch size of the stage")
     for ax in (top, bottom):
         ax.set_xscale("log", base=2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 from rpx_core.plugin import Availability, Backend, MemoryPeak, ModelAdapter, hookimpl
-from rpx_plugins.host_memory import HostPeakTracker, is_host_out_of_memory
+from rpx_plugins.host_memory import HostPeakTracker, is_host_out_of_memory, trim_heap
 from rpx_plugins.torch.backend import TorchBackend
 
 
@@ -37,6 +37,10 @@ class CpuBackend(TorchBackend):
 
     def read_peak_memory(self, device: str) -> MemoryPeak:
         return self._peak.read()
+
+    def release_cached_memory(self, device: str) -> None:
+        """Give the C heap's free memory back to the OS, so a region's RSS is not what earlier ones left behind."""
+        trim_heap()
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
         return is_host_out_of_memory(exc)

@@ -30,6 +30,7 @@ from rpx_core.plugin import (
 from rpx_plugins.host_memory import raised_for
 from rpx_plugins.torch.backend import TorchBackend
 from rpx_plugins.torch.build import torch_build
+from rpx_plugins.torch.gpu_processes import ProcessMemory
 
 #: Messages of CUDA out-of-memory errors that reach us as plain RuntimeErrors: the runtime's own, and the CUDA
 #: libraries' failures to allocate their handles and workspaces (cuBLAS, cuDNN, cuFFT, cuSOLVER, cuSPARSE status
@@ -44,9 +45,17 @@ CUDA_OOM_MESSAGES = (
     "CUSPARSE_STATUS_ALLOC_FAILED",
 )
 PEAK_METHOD = (
-    "torch.cuda.max_memory_allocated / max_memory_reserved after reset_peak_memory_stats; outside the allocator: "
-    "mem_get_info (total - free) - memory_reserved when read (CUDA context, library workspaces, other processes); "
-    "start: torch.cuda.memory_allocated at the reset"
+    "torch.cuda.max_memory_allocated / max_memory_reserved after reset_peak_memory_stats; start: "
+    "torch.cuda.memory_allocated at the reset; "
+)
+#: How memory outside the allocator is split between this process and the others (see rpx_plugins.torch.gpu_processes).
+OWN_OUTSIDE_METHOD = (
+    "this process's memory outside the allocator: NVML's figure for this process - memory_reserved when read (CUDA "
+    "context, library handles); other processes: mem_get_info (total - free) - NVML's figure for this process"
+)
+ALL_OUTSIDE_METHOD = (
+    "outside the allocator: mem_get_info (total - free) - memory_reserved when read: the CUDA context and library "
+    "handles, and other processes' use of the device, which cannot be told apart ({why})"
 )
 
 
@@ -284,6 +293,8 @@ class CudaBackend(TorchBackend):
         self._fractions_before: dict[int, float] = {}
         #: Allocated bytes when each device's current region started (reset_peak_memory).
         self._region_start: dict[str, int] = {}
+        #: This process's share of each device, from NVML where it can say.
+        self._processes = ProcessMemory()
 
     def probe(self) -> Availability:
         if importlib.util.find_spec("torch") is None:
@@ -352,15 +363,27 @@ class CudaBackend(TorchBackend):
         self._region_start[device] = torch.cuda.memory_allocated(device)
 
     def read_peak_memory(self, device: str) -> MemoryPeak:
+        """The region's allocator peaks, and the device's memory outside this allocator when read: this process's
+        own (CUDA context, library handles) apart from other processes' where NVML tells them apart."""
         import torch
 
         torch.cuda.synchronize(device)
         free, total = torch.cuda.mem_get_info(device)
+        reserved = torch.cuda.memory_reserved(device)
+        share = self._processes.share(getattr(torch.cuda.get_device_properties(torch.device(device)), "uuid", None))
+        if share.this_process_bytes is None:
+            outside, others = (total - free) - reserved, None
+            method = PEAK_METHOD + ALL_OUTSIDE_METHOD.format(why=share.unknown_because)
+        else:
+            outside, others = max(0, share.this_process_bytes - reserved), max(0, total - free - share.this_process_bytes)
+            method = PEAK_METHOD + OWN_OUTSIDE_METHOD
         peak = MemoryPeak(
-            method=PEAK_METHOD,
+            method=method,
             peak_bytes=torch.cuda.max_memory_allocated(device),
             reserved_bytes=torch.cuda.max_memory_reserved(device),
-            outside_allocator_bytes=(total - free) - torch.cuda.memory_reserved(device),
+            outside_allocator_bytes=outside,
+            other_processes_bytes=others,
+            device_free_bytes=free,
         )
         return with_start(peak, self._region_start.get(device))
 
@@ -399,8 +422,10 @@ class CudaBackend(TorchBackend):
             yield
 
     def set_memory_budget(self, device: str, budget_bytes: int | None) -> bool:
-        """Cap this process's caching allocator at ``budget_bytes``; None puts back the cap the device had before
-        rpx set one. Memory outside the allocator (CUDA context, workspaces) is not covered by the cap."""
+        """Cap what this process's caching allocator may reserve at ``budget_bytes``; None puts back the cap the
+        device had before rpx set one. Memory outside the allocator (CUDA context, library handles) is not covered
+        by the cap: batch_search passes its budget minus that. At the cap, the allocator first frees the blocks it
+        caches, and raises out-of-memory only when the live tensors themselves do not fit."""
         import torch
 
         index = resolved_index(device)
