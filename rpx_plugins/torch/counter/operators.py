@@ -101,7 +101,7 @@ def classify(
         kind = FORMULA
     elif func.is_view or packet in ALIASES:
         kind = VIEW
-    elif packet in METADATA or func.namespace == "prim":
+    elif packet in METADATA or func.namespace in ("prim", "profiler"):  # profiler: record_function markers
         kind = METADATA_QUERY
     elif packet in EMPTY_ALLOCATIONS:
         kind = ALLOCATION
