@@ -13,6 +13,7 @@ set for speed after the memory step (:mod:`rpx_plugins.training.host_allocator`)
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ from rpx_core.plugin import Backend, Deadline, LatencyOptions, MemoryPeak, Stage
 from rpx_core.types.training import MeasuredStep, PredictedVsMeasured, TrainStepOptions
 from rpx_plugins.latency import interval_is_tight, relative_width, sample_calls, verdict, warm_up
 from rpx_plugins.measurement import gc_paused
-from rpx_plugins.training.host_allocator import return_freed_memory, settle_for_speed
+from rpx_plugins.training.host_allocator import freed_memory_returned, settle_for_speed, trim
 
 #: Steps before the memory step at least: the first makes the optimiser's state, the second is steady.
 MEMORY_WARMUP = 2
@@ -41,12 +42,12 @@ def measure_steps(ctx: StageContext, build: Callable[[], Any], batch_size: int, 
     """Warm up, measure one step's peak memory, then time whole steps. ``build()`` returns a no-argument step (a
     model, its optimiser and batch, built on the device)."""
     backend, device = ctx.backend, ctx.job.device
-    memory_method = return_freed_memory() if on_host else ""
-    step = build()
-    synchronize = lambda: backend.synchronize(device)  # noqa: E731
-    deadline = Deadline.after(options.max_seconds)
-    warm = warm_up(step, synchronize, max(options.warmup_steps, MEMORY_WARMUP), 0.0, deadline)
-    peak = peak_of_one_step(backend, device, step)
+    with freed_memory_returned() if on_host else contextlib.nullcontext("") as memory_method:
+        step = build()
+        synchronize = lambda: backend.synchronize(device)  # noqa: E731
+        deadline = Deadline.after(options.max_seconds)
+        warm = warm_up(step, synchronize, max(options.warmup_steps, MEMORY_WARMUP), 0.0, deadline)
+        peak = peak_of_one_step(backend, device, step, trim if on_host else no_preparation)
     if on_host:
         settle_for_speed()
         step()
@@ -79,9 +80,15 @@ def measure_steps(ctx: StageContext, build: Callable[[], Any], batch_size: int, 
     )
 
 
-def peak_of_one_step(backend: Backend, device: str, step: Callable[[], Any]) -> MemoryPeak:
+def no_preparation() -> None:
+    """Nothing to do before a device's memory region (its allocator counts tensors, not pages)."""
+
+
+def peak_of_one_step(backend: Backend, device: str, step: Callable[[], Any],
+                     prepare: Callable[[], None] = no_preparation) -> MemoryPeak:
     """The backend's peak of one step, its region started with nothing cached by earlier steps."""
     with gc_paused():
+        prepare()
         backend.release_cached_memory(device)
         backend.reset_peak_memory(device)
         step()

@@ -52,7 +52,8 @@ KINDS = {
 
 @attrs.define
 class Interval:
-    """One tracked storage's life: operator indices [start, end), None while alive."""
+    """One tracked storage's life: [start, end) in the ledger's events (each allocation and free is one), end None
+    while alive."""
 
     start: int
     bytes: int
@@ -70,12 +71,13 @@ class StepLedger(Ledger):
         super().__init__(*args, **kwargs)
         self.phase = "forward"
         self.ops = 0
+        self.events = 0  # allocations and frees so far
         self.func: Any = None
         self.reads_weight = False
         self.intervals: list[Interval] = []
         self.slots: dict[int, int] = {}  # storage key -> index of its open interval
         self.top = 0  # highest live bytes of the step so far
-        self.top_at: tuple[int, str, str] = (0, "forward", "")  # (operator index, phase, operator)
+        self.top_at: tuple[int, int, str, str] = (0, 0, "forward", "")  # (event, operator index, phase, operator)
         self.phase_top: dict[str, int] = defaultdict(int)
         self.phase_ends: dict[str, int] = {}
 
@@ -95,25 +97,25 @@ class StepLedger(Ledger):
         key = storage_key(tensor) if key is None else key
         super().adopt(tensor, key)
         kind = {"forward": "weight_copy" if self.reads_weight else "activation"}.get(self.phase, self.phase)
+        self.events += 1
         self.slots[key] = len(self.intervals)
-        self.intervals.append(Interval(self.ops, self.live[key][1], self.phase, kind, key))
+        self.intervals.append(Interval(self.events, self.live[key][1], self.phase, kind, key))
         self.phase_top[self.phase] = max(self.phase_top[self.phase], self.live_bytes)
         if self.live_bytes > self.top:
             self.top = self.live_bytes
-            self.top_at = (self.ops, self.phase, str(self.func.overloadpacket) if self.func is not None else "")
+            operator = str(self.func.overloadpacket) if self.func is not None else ""
+            self.top_at = (self.events, self.ops, self.phase, operator)
 
     def _release(self, key: int, ref: Any) -> None:
         super()._release(key, ref)
         slot = self.slots.pop(key, None)
         if slot is not None:
-            self.intervals[slot].end = self.ops
+            self.events += 1
+            self.intervals[slot].end = self.events
             self.intervals[slot].freed_in = self.phase
 
     def stop_tracking(self) -> None:
         """The step goes on after the forward pass: keep tracking."""
-
-    def alive_at(self, index: int) -> list[Interval]:
-        return [i for i in self.intervals if i.start <= index and (i.end is None or i.end > index)]
 
 
 def fake_mode() -> Any:
@@ -162,11 +164,12 @@ def count_step(step: Any, device_type: str, formulas: Any = (), top_k: int | Non
     step(lambda phase: None)
     resident = {kind: storage_bytes(tensors, device_type) for kind, tensors in step.resident_tensors().items()}
     ledger = StepLedger(step.model, ElementSizes(), resolve(formulas), {})
-    gradient_keys: set[int] = set()
+    grad_intervals: set[int] = set()  # indices of the intervals that are .grad storages
 
     def on_phase(phase: str) -> None:
         if phase == "optimizer":  # every gradient exists now
-            gradient_keys.update(storage_key(p.grad) for p in step.model.parameters() if p.grad is not None)
+            keys = {storage_key(p.grad) for p in step.model.parameters() if p.grad is not None}
+            grad_intervals.update(ledger.slots[key] for key in keys if key in ledger.slots)
         ledger.enter_phase(phase)
 
     with torch.enable_grad(), counting(ledger, device_type):
@@ -174,29 +177,31 @@ def count_step(step: Any, device_type: str, formulas: Any = (), top_k: int | Non
     ledger.phase_ends[ledger.phase] = ledger.live_bytes
     report = summarise(ledger, step.args, step.kwargs, None, backward=True, device=device_type, top_k=top_k,
                        depth=depth)
-    index, phase, operator = ledger.top_at
-    gradients = [p for p in step.model.parameters() if p.requires_grad]
+    event, index, phase, operator = ledger.top_at
+    trained = [p for p in step.model.parameters() if p.requires_grad]
     return StepCount(
         records=report.traffic.op_records,
         uncounted_ops=report.flops.uncounted_ops,
-        at_peak=items_at(ledger, index, gradient_keys),
+        at_peak=items_at(ledger, event, grad_intervals),
         transient_peak_bytes=ledger.top,
         peak_phase=phase,
         peak_operator=operator,
         peak_position=index / max(ledger.ops, 1),
         phases=phase_memory(ledger),
         resident=resident,
-        gradient_bytes=sum(p.numel() * p.element_size() for p in gradients),
+        gradient_bytes=sum(p.numel() * p.element_size() for p in trained),
     )
 
 
-def items_at(ledger: StepLedger, index: int, gradient_keys: set[int]) -> tuple[MemoryItem, ...]:
-    """The storages alive at operator ``index``, by kind (KINDS), largest first."""
+def items_at(ledger: StepLedger, event: int, gradients: set[int]) -> tuple[MemoryItem, ...]:
+    """The storages alive at ``event``, by kind (KINDS); ``gradients`` are the intervals of .grad storages."""
     names = {"activation": "saved_activations", "weight_copy": "autocast_weight_copies",
              "backward": "backward_temporaries", "optimizer": "optimizer_temporaries"}
     totals: dict[str, int] = defaultdict(int)
-    for interval in ledger.alive_at(index):
-        kind = "gradients" if interval.key in gradient_keys and interval.phase == "backward" else names[interval.kind]
+    for index, interval in enumerate(ledger.intervals):
+        if not interval.start <= event < (interval.end or event + 1):
+            continue
+        kind = "gradients" if index in gradients else names[interval.kind]
         totals[kind] += interval.bytes
     return tuple(MemoryItem(kind, totals[kind], KINDS[kind]) for kind in KINDS if totals.get(kind))
 
