@@ -94,13 +94,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rpx_core.show.console import RunConsole, choose_mode, print_tables
     from rpx_core.spec.checks import validate
 
+    console = RunConsole(choose_mode(quiet=args.quiet, events=args.events))
+    if not args.dry_run:
+        console.note(f"checking {args.spec} and loading plugins")
     plugins = load_plugins(args)
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip()) if args.stages is not None else None
     overrides = {key: value for key, value in (("isolation", args.isolation), ("stage_timeout", args.stage_timeout),
                                                ("job_timeout", args.job_timeout), ("executor", args.executor))
                  if value is not None}
-    spec, _ = validate(args.spec, plugins, stages=stages, output=Path(args.output) if args.output else None,
-                       execution=overrides)
+    spec, plan = validate(args.spec, plugins, stages=stages, output=Path(args.output) if args.output else None,
+                          execution=overrides)
     output = Path(args.output) if args.output else spec.output_path()
     if args.dry_run:
         from rpx_core.execution.executors import job_lines
@@ -108,13 +111,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         planned = plan_spec(spec, plugins, stages=stages, execution=overrides, spec_path=args.spec)
         print("\n".join(job_lines(planned, plugins)))
         return EXIT_OK
-    console = RunConsole(choose_mode(quiet=args.quiet, events=args.events))
+    console.note(f"{len(plan.jobs)} job(s), stages {', '.join(plan.stages)}; starting workers (each imports the "
+                 "framework once)")
     with console:
         result = run_spec(spec, output=output, fmt=args.format, stages=stages, plugins=plugins, spec_path=args.spec,
                           observer=console, execution=overrides, resume=args.resume)
     console.finished(output, result.ok)
     if console.mode in ("live", "plain"):
-        print_tables(result)
+        print_tables(result, plugins.stages(spec.choose).in_load_order())
     if console.mode != "jsonl":
         print(f"results: {output}")
     return EXIT_OK if result.ok else EXIT_STAGE_FAILED
@@ -179,9 +183,11 @@ def cmd_backends(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
-    for row in rows:
-        mark = "available" if row["available"] else "unavailable"
-        print(f"{row['name']:<8} {mark:<12} {','.join(row['precisions']):<22} {row['reason']}")
+    cells = [(row["name"], "available" if row["available"] else "unavailable", ",".join(row["precisions"]),
+              row["reason"]) for row in rows]
+    widths = [max((len(cell[index]) for cell in cells), default=0) for index in range(3)]
+    for cell in cells:
+        print("  ".join(text.ljust(width) for text, width in zip(cell, widths)) + "  " + cell[3])
     return EXIT_OK
 
 
