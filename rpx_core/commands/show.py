@@ -16,8 +16,8 @@ def register(command: Any) -> None:
                       help="table (terminal), markdown, csv (one table: --table, default summary) or json")
     show.add_argument("--table", action="append", metavar="NAME",
                       help="only these tables (repeatable): the names the stages declare (the built-in ones: tier1, "
-                           "uncounted, operators, modules, roofline, latency, throughput, batch_search; and problems, "
-                           "summary); default: every table but the long breakdowns")
+                           "uncounted, operators, modules, roofline, latency, throughput, batch_search, train_step, "
+                           "train_bounds, train_memory, train_measured, train_batch_search; and problems, summary); default: every table but the long breakdowns")
     show.set_defaults(handler=cmd_show)
 
 

@@ -66,7 +66,6 @@ BUILTIN = {
     "system-card": "rpx_plugins.system_card",
     "latency": "rpx_plugins.latency",
     "batch-search": "rpx_plugins.batch_search.stage",
-    "training": "rpx_plugins.training.stages",
     "torch-training": "rpx_plugins.training.torch_train",
     "jax-training": "rpx_plugins.training.jax_train",
     "model-sources": "rpx_plugins.sources",

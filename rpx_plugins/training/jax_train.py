@@ -374,7 +374,8 @@ def jax_train_step(ctx: StageContext) -> TrainStepResult:
     taken = measure_steps(ctx, build, batch_size, batch_size * options.accumulation_steps, options, on_host)
     memory = result.memory
     return attrs.evolve(result, measured=taken,
-                        comparison=compare(memory.resident_bytes, memory.transient_peak_bytes, taken.peak_memory))
+                        comparison=compare(memory.resident_bytes, memory.transient_peak_bytes, taken.peak_memory,
+                                           on_host))
 
 
 @hookimpl

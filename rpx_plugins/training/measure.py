@@ -25,10 +25,9 @@ from rpx_plugins.training.host_allocator import freed_memory_returned, settle_fo
 
 #: Steps before the memory step at least: the first makes the optimiser's state, the second is steady.
 MEMORY_WARMUP = 2
-PEAK_NOTE = (
-    "the transient ratio compares like with like everywhere; the peak and resident ratios only where the measured "
-    "peak counts tensors alone (an accelerator's allocator): on a host device it is the process's whole RSS"
-)
+PEAK_NOTE = "predicted / measured; the peak and the resident set too, as the device's allocator counts tensors alone"
+HOST_NOTE = ("predicted transient peak / measured increment; no peak or resident ratio: on a host device the measured "
+             "peak and start are the process's whole RSS (the interpreter and libraries included)")
 
 
 def interval_options(options: TrainStepOptions) -> LatencyOptions:
@@ -95,15 +94,16 @@ def peak_of_one_step(backend: Backend, device: str, step: Callable[[], Any],
         return backend.read_peak_memory(device)
 
 
-def compare(resident_bytes: int, transient_bytes: int, peak: MemoryPeak) -> PredictedVsMeasured:
-    """Predicted / measured for the increment, the peak and the step's start (None where a figure is missing)."""
+def compare(resident_bytes: int, transient_bytes: int, peak: MemoryPeak, on_host: bool) -> PredictedVsMeasured:
+    """Predicted / measured for the increment, and where the device counts tensors alone for the peak and the step's
+    start (None where a figure is missing or not comparable)."""
 
     def ratio(predicted: int, measured: int | None) -> float | None:
-        return predicted / measured if measured else None
+        return predicted / measured if measured and not on_host else None
 
     return PredictedVsMeasured(
-        transient_ratio=ratio(transient_bytes, peak.increment_bytes),
+        transient_ratio=transient_bytes / peak.increment_bytes if peak.increment_bytes else None,
         peak_ratio=ratio(resident_bytes + transient_bytes, peak.peak_bytes),
         resident_ratio=ratio(resident_bytes, peak.start_bytes),
-        note=PEAK_NOTE,
+        note=HOST_NOTE if on_host else PEAK_NOTE,
     )

@@ -124,14 +124,18 @@ def fake_mode() -> Any:
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
-def faked(model: torch.nn.Module, mode: Any, device: str, dtype: torch.dtype) -> torch.nn.Module:
+def faked(model: torch.nn.Module, mode: Any, device: str, dtype: torch.dtype,
+          channels_last: bool = False) -> torch.nn.Module:
     """A copy of ``model`` (meta or real) whose parameters and buffers are fake tensors on ``device``, floating ones at
-    ``dtype``; tied parameters stay tied. The model itself is not changed."""
+    ``dtype`` (4-D ones in channels-last layout if asked: a fake model cannot be converted after); tied parameters stay
+    tied. The model itself is not changed."""
     memo: dict[int, Any] = {}
 
     def fake(tensor: torch.Tensor) -> torch.Tensor:
         wanted = dtype if tensor.is_floating_point() else tensor.dtype
         with mode:
+            if channels_last and tensor.dim() == 4:
+                return torch.empty(tensor.shape, dtype=wanted, device=device, memory_format=torch.channels_last)
             return torch.empty_strided(tensor.shape, tensor.stride(), dtype=wanted, device=device)
 
     for param in model.parameters():

@@ -61,20 +61,23 @@ def unplaced_meta_model(ctx: StageContext) -> Any:
         return looked_inside(ctx, build_on_meta(ctx.model_factory()))
 
 
-def with_memory_format(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], options: TrainStepOptions) -> tuple:
-    """The model and its 4-D floating inputs in channels-last layout when the options ask for it."""
+def channels_last(options: TrainStepOptions) -> bool:
+    return options.memory_format == "channels_last"
+
+
+def inputs_in_format(args: tuple[Any, ...], kwargs: dict[str, Any], options: TrainStepOptions) -> tuple:
+    """The 4-D floating inputs in channels-last layout when the options ask for it."""
     import torch
 
-    if options.memory_format != "channels_last":
-        return model, args, kwargs
+    if not channels_last(options):
+        return args, kwargs
 
     def convert(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and value.dim() == 4 and value.is_floating_point():
             return value.contiguous(memory_format=torch.channels_last)
         return value
 
-    model = model.to(memory_format=torch.channels_last)
-    return model, tuple(convert(v) for v in args), {k: convert(v) for k, v in kwargs.items()}
+    return tuple(convert(v) for v in args), {k: convert(v) for k, v in kwargs.items()}
 
 
 def fake_step(ctx: StageContext, options: TrainStepOptions, policy: Policy) -> tuple[Any, str, list[str]]:
@@ -84,22 +87,26 @@ def fake_step(ctx: StageContext, options: TrainStepOptions, policy: Policy) -> t
 
     device, why = counting_device(ctx.job.device)
     mode = fake_mode()
-    model = faked(unplaced_meta_model(ctx), mode, device, policy.parameter_dtype)
+    model = faked(unplaced_meta_model(ctx), mode, device, policy.parameter_dtype, channels_last(options))
     with mode:
-        args, kwargs = make_inputs(ctx.job.model, options.batch_size, policy.input_precision, device)
-        model, args, kwargs = with_memory_format(model, args, kwargs, options)
+        args, kwargs = inputs_in_format(*make_inputs(ctx.job.model, options.batch_size, policy.input_precision,
+                                                     device), options)
     built = build_step(model, args, kwargs, policy, device_type(device), options, fake=True)
     return built, f"fake {device_type(device)}", [why] if why else []
 
 
 def real_step(ctx: StageContext, options: TrainStepOptions, policy: Policy, batch_size: int | None) -> Any:
     """The step over real tensors on the job's device, the model built afresh (never the placed eval model)."""
+    import torch
+
     from rpx_plugins.torch.backend import make_inputs
     from rpx_plugins.torch.counts import looked_inside
 
     model = looked_inside(ctx, ctx.build_model()).to(device=ctx.job.device, dtype=policy.parameter_dtype)
-    args, kwargs = make_inputs(ctx.job.model, batch_size, policy.input_precision, ctx.job.device)
-    model, args, kwargs = with_memory_format(model, args, kwargs, options)
+    if channels_last(options):
+        model = model.to(memory_format=torch.channels_last)
+    args, kwargs = inputs_in_format(*make_inputs(ctx.job.model, batch_size, policy.input_precision, ctx.job.device),
+                                    options)
     return build_step(model, args, kwargs, policy, device_type(ctx.job.device), options)
 
 
@@ -125,13 +132,12 @@ def counted(ctx: StageContext, options: TrainStepOptions, policy: Policy) -> tup
     return count, built, device_type(ctx.job.device), [fallback] if fallback else []
 
 
-def measured(ctx: StageContext, options: TrainStepOptions, policy: Policy, batch_size: int) -> Any:
+def measured(ctx: StageContext, options: TrainStepOptions, policy: Policy, batch_size: int, on_host: bool) -> Any:
     from rpx_plugins.training.measure import measure_steps
 
     def build() -> Any:
         return real_step(ctx, options, policy, options.batch_size)[0]
 
-    on_host = device_type(ctx.job.device) == "cpu"
     return measure_steps(ctx, build, batch_size, batch_size * options.accumulation_steps, options, on_host)
 
 
@@ -151,10 +157,12 @@ def torch_train_step(ctx: StageContext) -> TrainStepResult:
         return attrs.evolve(result, not_measured="options.train_step.measure is false")
     from rpx_plugins.training.measure import compare
 
-    taken = measured(ctx, options, policy, batch_size)
+    on_host = device_type(ctx.job.device) == "cpu"
+    taken = measured(ctx, options, policy, batch_size, on_host)
     memory = result.memory
     return attrs.evolve(result, measured=taken,
-                        comparison=compare(memory.resident_bytes, memory.transient_peak_bytes, taken.peak_memory))
+                        comparison=compare(memory.resident_bytes, memory.transient_peak_bytes, taken.peak_memory,
+                                           on_host))
 
 
 @hookimpl(trylast=True)
