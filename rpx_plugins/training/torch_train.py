@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from rpx_core.plugin import StageContext, UnsupportedError, hookimpl
-from rpx_core.types.training import TrainStepOptions, TrainStepResult
+from rpx_core.types.training import TrainBatchSearchOptions, TrainBatchSearchResult, TrainStepOptions, TrainStepResult
 from rpx_plugins.training.report import assemble, memory_assumptions
 from rpx_plugins.training.torch_step import Policy, build_step, dtype_name, policy_for
 
@@ -95,19 +95,27 @@ def fake_step(ctx: StageContext, options: TrainStepOptions, policy: Policy) -> t
     return built, f"fake {device_type(device)}", [why] if why else []
 
 
-def real_step(ctx: StageContext, options: TrainStepOptions, policy: Policy, batch_size: int | None) -> Any:
-    """The step over real tensors on the job's device, the model built afresh (never the placed eval model)."""
+def placed_model(ctx: StageContext, options: TrainStepOptions, policy: Policy) -> Any:
+    """The model built afresh on the job's device at the policy's dtype (never the placed eval model)."""
     import torch
 
-    from rpx_plugins.torch.backend import make_inputs
     from rpx_plugins.torch.counts import looked_inside
 
     model = looked_inside(ctx, ctx.build_model()).to(device=ctx.job.device, dtype=policy.parameter_dtype)
-    if channels_last(options):
-        model = model.to(memory_format=torch.channels_last)
+    return model.to(memory_format=torch.channels_last) if channels_last(options) else model
+
+
+def step_on(ctx: StageContext, model: Any, options: TrainStepOptions, policy: Policy, batch_size: int | None) -> Any:
+    """A step of ``model`` over real inputs at ``batch_size`` on the job's device (a new optimiser)."""
+    from rpx_plugins.torch.backend import make_inputs
+
     args, kwargs = inputs_in_format(*make_inputs(ctx.job.model, batch_size, policy.input_precision, ctx.job.device),
                                     options)
     return build_step(model, args, kwargs, policy, device_type(ctx.job.device), options)
+
+
+def real_step(ctx: StageContext, options: TrainStepOptions, policy: Policy, batch_size: int | None) -> Any:
+    return step_on(ctx, placed_model(ctx, options, policy), options, policy, batch_size)
 
 
 def counted(ctx: StageContext, options: TrainStepOptions, policy: Policy) -> tuple[Any, Any, str, list[str]]:
@@ -168,3 +176,54 @@ def torch_train_step(ctx: StageContext) -> TrainStepResult:
 @hookimpl(trylast=True)
 def rpx_train_step(ctx: StageContext) -> TrainStepResult | None:
     return torch_train_step(ctx) if handles(ctx) else None
+
+
+# -- the training batch search -----------------------------------------------------------------------------------------
+
+
+def predicted_line(ctx: StageContext, options: TrainStepOptions, policy: Policy, room: int, max_batch: int) -> Any:
+    """The step counted roughly at FIRST_SIZE, then at the rough limit and half of it: the search's prediction."""
+    from rpx_plugins.training.search import FIRST_SIZE, prediction_through, rough_limit
+    from rpx_plugins.training.torch_count import count_step
+
+    def counted_at(size: int) -> Any:
+        (step, *_), where, _ = fake_step(ctx, attrs.evolve(options, batch_size=size), policy)
+        return count_step(step, device_type(where.split()[-1]))
+
+    limit = rough_limit(counted_at(FIRST_SIZE), FIRST_SIZE, room, max_batch)
+    return prediction_through((limit // 2, counted_at(limit // 2)), (limit, counted_at(limit)))
+
+
+def torch_batch_search(ctx: StageContext) -> TrainBatchSearchResult:
+    import contextlib
+
+    from rpx_plugins.training.host_allocator import freed_memory_returned, trim
+    from rpx_plugins.training.measure import no_preparation
+    from rpx_plugins.training.search import Search, baseline, budget_of, result, run_search, trial_runner
+
+    options = ctx.options("train_batch_search") or TrainBatchSearchOptions()
+    step_options = train_options(ctx)
+    policy = policy_for(ctx.job.precision, step_options)
+    backend, device = ctx.backend, ctx.job.device
+    budget, margin = budget_of(backend, device, options)
+    on_host = device_type(device) == "cpu"
+    with freed_memory_returned() if on_host else contextlib.nullcontext("") as allocator:
+        held, reading = baseline(backend, device)
+        predicted = predicted_line(ctx, step_options, policy, budget - margin - held, options.max_batch)
+        model = placed_model(ctx, step_options, policy)
+        trial = trial_runner(ctx, lambda batch: step_on(ctx, model, step_options, policy, batch)[0],
+                             lambda batch: batch * step_options.accumulation_steps, options,
+                             trim if on_host else no_preparation)
+        search = Search(predicted, held, budget - margin, options)
+        enforced = backend.set_memory_budget(device, budget)
+        try:
+            run_search(search, trial, ctx.progress)
+        finally:
+            if enforced:
+                backend.set_memory_budget(device, None)
+    return result(search, budget, margin, reading + (f"; {allocator}" if allocator else ""))
+
+
+@hookimpl(trylast=True)
+def rpx_train_batch_search(ctx: StageContext) -> TrainBatchSearchResult | None:
+    return torch_batch_search(ctx) if handles(ctx) else None
