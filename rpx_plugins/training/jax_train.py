@@ -18,7 +18,14 @@ from typing import Any
 import attrs
 
 from rpx_core.plugin import TRAINABLE, JaxModel, StageContext, UnsupportedError, hookimpl, load_callable
-from rpx_core.types.training import NAMED_LOSSES, CompilerMemory, TrainStepOptions, TrainStepResult
+from rpx_core.types.training import (
+    NAMED_LOSSES,
+    CompilerMemory,
+    TrainBatchSearchOptions,
+    TrainBatchSearchResult,
+    TrainStepOptions,
+    TrainStepResult,
+)
 from rpx_plugins.training.report import StepCount, assemble, memory_assumptions
 
 #: Named optimisers: (optax function, rpx's defaults); the spec's settings override them ("lr" means learning_rate).
@@ -381,3 +388,67 @@ def jax_train_step(ctx: StageContext) -> TrainStepResult:
 @hookimpl
 def rpx_train_step(ctx: StageContext) -> TrainStepResult | None:
     return jax_train_step(ctx) if handles(ctx) else None
+
+
+# -- the training batch search -----------------------------------------------------------------------------------------
+
+
+def jax_batch_search(ctx: StageContext) -> TrainBatchSearchResult:
+    """The search of rpx_plugins.training.search over the jitted step: counted on abstract values at the rough limit
+    and half of it, each trial a fresh compile and real steps at its batch size."""
+    import contextlib
+
+    from rpx_plugins.jax.backend import as_jax_model, resolve_device
+    from rpx_plugins.training.host_allocator import freed_memory_returned, trim
+    from rpx_plugins.training.measure import no_preparation
+    from rpx_plugins.training.search import (
+        FIRST_SIZE,
+        Search,
+        baseline,
+        budget_of,
+        prediction_through,
+        result,
+        rough_limit,
+        run_search,
+        trial_runner,
+    )
+
+    options = ctx.options("train_batch_search") or TrainBatchSearchOptions()
+    step_options = ctx.options("train_step") or TrainStepOptions()
+    policy = jax_policy(ctx.job.precision, step_options)
+    raw = raw_model(ctx)
+    model = as_jax_model(ctx.adapt(raw))
+    tx = transformation(step_options, raw)[0]
+    backend, device = ctx.backend, ctx.job.device
+    budget, margin = budget_of(backend, device, options)
+
+    def at(size: int) -> tuple[Any, Loss, TrainStepOptions]:
+        sized = attrs.evolve(step_options, batch_size=size)
+        parts, loss = abstract_parts(ctx, model, tx, policy, sized)
+        return parts, loss, sized
+
+    def counted_at(size: int) -> StepCount:
+        parts, loss, sized = at(size)
+        step = step_function(model, tx, policy, loss, sized.accumulation_steps)
+        return count(ctx, step, parts, model, sized)[0]
+
+    def build(size: int) -> Runner:
+        _, loss, sized = at(size)
+        step = step_function(model, tx, policy, loss, sized.accumulation_steps)
+        return Runner(jitted(step), real_parts(ctx, model, tx, policy, loss, sized))
+
+    on_host = resolve_device(device).platform == "cpu"
+    with freed_memory_returned() if on_host else contextlib.nullcontext("") as allocator:
+        held, reading = baseline(backend, device)
+        limit = rough_limit(counted_at(FIRST_SIZE), FIRST_SIZE, budget - margin - held, options.max_batch)
+        predicted = prediction_through((limit // 2, counted_at(limit // 2)), (limit, counted_at(limit)))
+        trial = trial_runner(ctx, build, lambda size: size * step_options.accumulation_steps, options,
+                             trim if on_host else no_preparation)
+        search = Search(predicted, held, budget - margin, options)
+        run_search(search, trial, ctx.progress)
+    return result(search, budget, margin, reading + (f"; {allocator}" if allocator else ""))
+
+
+@hookimpl
+def rpx_train_batch_search(ctx: StageContext) -> TrainBatchSearchResult | None:
+    return jax_batch_search(ctx) if handles(ctx) else None
