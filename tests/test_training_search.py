@@ -76,3 +76,16 @@ def test_batch_1_over_budget_ends_the_search():
     curve = Curve(2_000_000_000, 10)
     search = search_on(curve, Prediction(Line(0, 0), (Line(0, 10),)), 1_000_000_000)
     assert search.largest_fitting is None and search.stopped_by == "batch 1 does not fit"
+
+
+def test_a_reading_just_over_the_budget_moves_the_next_trial_half_the_resolution_down():
+    """At the budget's edge a reading's noise decides: the line through it would place the next trial just over
+    again; the search steps half its resolution below the failure instead, and that fitting trial ends it."""
+    curve = Curve(100_000_000, 10_000)
+    curve.base += 10_000_000  # readings 10 MB above the prediction: the first trial (1% of the room kept) fails
+    exact = Prediction(Line(100_000_000, 0), (Line(0, 10_000),))
+    search = search_on(curve, exact, 1_000_000_000, max_batch=10**6)
+    first = curve.tried[0]
+    assert not search.trials[0].fits
+    assert curve.tried[1] == int(first * (1 - 0.05 / 2)) and search.trials[1].fits
+    assert search.largest_fitting == curve.tried[1] and len(search.trials) == 4  # then the two probes

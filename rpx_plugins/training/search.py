@@ -14,7 +14,9 @@ corrects the line with what it measured: one reading keeps the predicted slope t
 allows between the largest that fitted and the smallest that failed; when the line allows nothing larger than the
 largest fitting batch, the search tries that batch plus ``resolution`` to confirm the limit (a failure ends it),
 and after an out-of-memory error without a reading, or two failures in a row, it bisects. It stops when the
-smallest failing batch is within ``resolution`` of the largest fitting one, at ``max_batch``, or at ``max_trials``.
+smallest failing batch is within ``resolution`` of the largest fitting one, at ``max_batch``, or at ``max_trials``. A
+trial is never placed within half the resolution below a failed one: at the budget's edge a reading's noise (a
+fraction of a MB of RSS) decides, and the line would keep placing trials just over it.
 
 Best throughput: each fitting trial times back-to-back steps (samples/s of whole steps); trials left over probe the
 largest batch's half and quarter, and the best is the fitting trial with the most samples/s.
@@ -193,6 +195,8 @@ class Search:
         line = self.corrected()
         margin = PLACEMENT_MARGIN * (self.usable - line.at(0)) if not self.trials else 0
         candidate = line.largest_within(self.usable - margin)
+        if hi <= options.max_batch:  # near a failure, readings are noise: stay half the resolution below it
+            candidate = min(candidate, math.floor(hi * (1 - options.resolution / 2)))
         if lo is not None and candidate <= lo:
             candidate = math.ceil(lo * (1 + options.resolution))  # the line allows no more: confirm the limit
         return max(floor + 1, min(candidate, hi - 1, options.max_batch))
