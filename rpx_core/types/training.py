@@ -22,6 +22,7 @@ from typing import Any
 
 import attrs
 
+from rpx_core.errors import did_you_mean
 from rpx_core.registry.backends import MemoryPeak
 from rpx_core.spec.limits import seconds_validator
 from rpx_core.types.batch_search import parse_memory_amount
@@ -44,7 +45,7 @@ def _choice_or_path(*names: str) -> Any:
     def check(_instance: Any, attribute: Any, value: str) -> None:
         if value not in names and ":" not in value:
             raise ValueError(f"{attribute.name} must be one of {', '.join(map(repr, names))} or an import path "
-                             f"'package.module:name' / 'file.py:name'; got {value!r}")
+                             f"'package.module:name' / 'file.py:name'; got {value!r}{did_you_mean(value, names)}")
 
     return check
 
