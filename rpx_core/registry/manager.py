@@ -68,6 +68,7 @@ BUILTIN = {
     "batch-search": "rpx_plugins.batch_search.stage",
     "torch-training": "rpx_plugins.training.torch_train",
     "jax-training": "rpx_plugins.training.jax_train",
+    "serving": "rpx_plugins.serving.stage",
     "model-sources": "rpx_plugins.sources",
     "local-executor": "rpx_plugins.executors.local",
     "ray-executor": "rpx_plugins.executors.ray",
