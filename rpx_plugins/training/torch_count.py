@@ -146,10 +146,9 @@ def faked(model: torch.nn.Module, mode: Any, device: str, dtype: torch.dtype,
 
 
 @contextlib.contextmanager
-def counting(ledger: StepLedger, device_type: str) -> Iterator[None]:
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(ledger.module_hooks())
-        stack.enter_context(CountingMode(ledger, on_meta=False))
+def counting(ledger: StepLedger) -> Iterator[None]:
+    """The counter's module hooks and dispatch mode around the counted step (never meta: fake or real tensors)."""
+    with ledger.module_hooks(), CountingMode(ledger, on_meta=False):
         yield
 
 
@@ -176,7 +175,7 @@ def count_step(step: Any, device_type: str, formulas: Any = (), top_k: int | Non
             grad_intervals.update(ledger.slots[key] for key in keys if key in ledger.slots)
         ledger.enter_phase(phase)
 
-    with torch.enable_grad(), counting(ledger, device_type):
+    with torch.enable_grad(), counting(ledger):
         step(on_phase)
     ledger.phase_ends[ledger.phase] = ledger.live_bytes
     report = summarise(ledger, step.args, step.kwargs, None, backward=True, device=device_type, top_k=top_k,
