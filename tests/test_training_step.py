@@ -290,3 +290,22 @@ def test_predicted_transient_peak_is_within_10_percent_of_the_measured_increment
         assert measured["steps"] >= 1 and measured["p50_ms"] > 0
         assert measured["samples_per_s"] == pytest.approx(measured["samples_per_step"] / measured["p50_ms"] * 1e3)
         assert "mmap threshold fixed" in measured["memory_method"]
+    shown = rpx_cli("show", str(tmp_path / "out.toml"), env={"PYTHONPATH": str(REPO)})
+    assert shown.returncode == 0 and "Training step: memory, predicted item by item and measured" in shown.stdout
+
+
+def test_a_result_survives_the_results_file(tmp_path):
+    """TOML drops None: every field that may be None has a default, and a written result loads back as it was."""
+    import rpx_core.types.training as types
+    from rpx_core.api import profile
+    from rpx_core.results.records import typed
+    from rpx_core.results.serialise import loads
+    from tests.training_models import mlp
+
+    for kind in (getattr(types, name) for name in dir(types)):
+        for field in attrs.fields(kind) if isinstance(kind, type) and attrs.has(kind) else ():
+            assert "None" not in str(field.type) or field.default is not attrs.NOTHING, (kind.__name__, field.name)
+    run = profile(mlp(), [(8, 64)], stages=["train_step"], gpus=["H100-SXM"],
+                  options={"train_step": {"measure": False, "optimizer": "sgd"}}, output=tmp_path / "out.toml")
+    loaded = typed(loads((tmp_path / "out.toml").read_text()), {"train_step": types.TrainStepResult})
+    assert loaded.models[0].stages["train_step"].result == run.stages["train_step"].result

@@ -217,12 +217,13 @@ class MeasuredStep:
 
 @attrs.frozen
 class PredictedVsMeasured:
-    """The prediction beside the measurement (ratios predicted / measured; 1.0 = exact)."""
+    """The prediction beside the measurement (ratios predicted / measured; 1.0 = exact; None: not comparable or no
+    reading, as ``note`` says)."""
 
-    transient_ratio: float | None  # predicted transient peak / measured increment
-    peak_ratio: float | None  # predicted peak / measured peak (comparable where the peak counts tensors only)
-    resident_ratio: float | None  # predicted resident / measured start of the step
     note: str
+    transient_ratio: float | None = None  # predicted transient peak / measured increment
+    peak_ratio: float | None = None  # predicted peak / measured peak (where the device's peak counts tensors only)
+    resident_ratio: float | None = None  # predicted resident / measured start of the step
 
 
 @attrs.frozen
@@ -275,9 +276,6 @@ class TrainBatchSearchResult:
     budget_bytes: int
     safety_margin_bytes: int
     usable_bytes: int
-    largest_batch: int | None  # the largest fitting batch found (None: not even batch 1 fits)
-    best_batch: int | None  # the fitting trial with the most samples/s
-    best_samples_per_s: float | None
     trials: tuple[TrainTrial, ...]
     #: The prediction the trials were placed with: whole peak = intercept + per_sample x batch (bytes), from counted
     #: steps at two batch sizes, shifted by what the process holds outside the step.
@@ -286,3 +284,6 @@ class TrainBatchSearchResult:
     memory_method: str
     stopped_by: str  # why the search ended
     budget_holds: str  # what the budget is compared with
+    largest_batch: int | None = None  # the largest fitting batch found (None: not even batch 1 fits)
+    best_batch: int | None = None  # the fitting trial with the most samples/s
+    best_samples_per_s: float | None = None

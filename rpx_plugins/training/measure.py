@@ -102,8 +102,8 @@ def compare(resident_bytes: int, transient_bytes: int, peak: MemoryPeak, on_host
         return predicted / measured if measured and not on_host else None
 
     return PredictedVsMeasured(
+        note=HOST_NOTE if on_host else PEAK_NOTE,
         transient_ratio=transient_bytes / peak.increment_bytes if peak.increment_bytes else None,
         peak_ratio=ratio(resident_bytes + transient_bytes, peak.peak_bytes),
         resident_ratio=ratio(resident_bytes, peak.start_bytes),
-        note=HOST_NOTE if on_host else PEAK_NOTE,
     )
