@@ -309,3 +309,24 @@ def test_a_result_survives_the_results_file(tmp_path):
                   options={"train_step": {"measure": False, "optimizer": "sgd"}}, output=tmp_path / "out.toml")
     loaded = typed(loads((tmp_path / "out.toml").read_text()), {"train_step": types.TrainStepResult})
     assert loaded.models[0].stages["train_step"].result == run.stages["train_step"].result
+
+
+def test_the_foreach_path_counts_the_same_work_and_holds_one_list_of_temporaries():
+    """AdamW's multi-tensor path (CUDA's default): the same FLOPs, and at its peak the gradients beside the square
+    roots of every second moment at once (the single-tensor path holds two of one parameter's)."""
+    _, parameters, tensors = mlp_count(8)
+    result = train_step("mlp", [(8, 64)], optimizer="adamw", optimizer_settings={"foreach": True})
+    assert result.phases["optimizer"].flops == ADAMW_PER_ELEMENT * parameters + tensors
+    at_peak = {item.name: item.bytes for item in result.memory.at_peak}
+    assert at_peak == {"gradients": 4 * parameters, "optimizer_temporaries": 4 * parameters}
+
+
+def test_a_fake_count_takes_the_optimizers_path_of_the_device():
+    import torch
+
+    from rpx_plugins.training.torch_step import device_default
+
+    assert device_default(torch.optim.AdamW, {"lr": 1.0}, "cuda") == {"lr": 1.0, "foreach": True}
+    assert device_default(torch.optim.AdamW, {"lr": 1.0}, "cpu") == {"lr": 1.0}
+    assert device_default(torch.optim.AdamW, {"fused": True}, "cuda") == {"fused": True}  # the user chose
+    assert device_default(torch.optim.LBFGS, {}, "cuda") == {}  # no foreach path

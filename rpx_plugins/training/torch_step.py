@@ -84,8 +84,27 @@ def optimizer_factory(options: TrainStepOptions) -> tuple[Callable[..., Any], di
     return cls, dict(options.optimizer_settings), f"{cls.__module__}.{cls.__qualname__}"
 
 
-def make_optimizer(model: Any, options: TrainStepOptions) -> tuple[Any, str, dict[str, Any]]:
+def device_default(cls: Any, settings: dict[str, Any], device_type: str) -> dict[str, Any]:
+    """Settings that make an optimiser over fake tensors take the path it takes on ``device_type``: torch picks the
+    multi-tensor ``foreach`` path only for real tensors on a foreach device (CUDA's default), so a fake count is told
+    to, unless the user chose (``foreach`` or ``fused`` set) or the optimiser has no such path."""
+    import inspect
+
+    from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
+
+    chosen = {"foreach", "fused"} & set(settings)
+    takes = "foreach" in inspect.signature(cls).parameters
+    if chosen or not takes or device_type not in _get_foreach_kernels_supported_devices():
+        return settings
+    return {**settings, "foreach": True}
+
+
+def make_optimizer(model: Any, options: TrainStepOptions, fake_device: str | None = None) -> tuple[Any, str, dict]:
+    """The optimiser over the model's trainable parameters; counted on fake tensors of ``fake_device``, with the
+    device's default path (:func:`device_default`)."""
     cls, settings, name = optimizer_factory(options)
+    if fake_device is not None:
+        settings = device_default(cls, settings, fake_device)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise UnsupportedError("train_step: the model has no trainable parameters (all frozen?)")
@@ -131,14 +150,13 @@ class DefaultLoss:
         tensor, is_logits = logits_of(outputs)
         kind = self.kind if self.kind != "auto" else ("cross_entropy" if is_logits else "mse")
         shape = list(tensor.shape)
-        if self.targets is None:
+        if self.targets is None:  # made from the output (new_empty, randn_like): fake with fake tensors, on its device
             with torch.no_grad():
                 if kind == "cross_entropy":
-                    self.targets = torch.randint(0, shape[-1], shape[:-1], device=tensor.device)
+                    self.targets = tensor.new_empty(shape[:-1], dtype=torch.long).random_(0, shape[-1])
                 else:
-                    self.targets = torch.randn(shape, dtype=tensor.dtype, device=tensor.device)
-            what = "auto: logits" if self.kind == "auto" and kind == "cross_entropy" else "auto: output" if (
-                self.kind == "auto") else "output"
+                    self.targets = torch.randn_like(tensor)
+            what = ("auto: logits" if kind == "cross_entropy" else "auto: output") if self.kind == "auto" else "output"
             self.description = f"{kind} ({what} {shape}, random targets)"
         if kind == "cross_entropy":
             return F.cross_entropy(tensor.flatten(0, -2), self.targets.flatten())
@@ -228,7 +246,7 @@ def build_step(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], policy
     import torch
 
     model.train()
-    optimizer, name, settings = make_optimizer(model, options)
+    optimizer, name, settings = make_optimizer(model, options, device_type if fake else None)
     loss, describe = make_loss(options)
     scaler = None
     if policy.autocast_dtype == torch.float16:
