@@ -53,6 +53,14 @@ BATCH_NORM, BATCH_NORM_STATISTICS = 2, 3
 #: weight gradient = x_hat (2) times grad summed (2); bias gradient = grad summed (1).
 BATCH_NORM_BACKWARD_TRAINING_INPUT, BATCH_NORM_BACKWARD_INFERENCE_INPUT = 4, 1
 
+#: Losses, per element of their input (the mean's divide folded in): negative log-likelihood picks and sums one
+#: log-probability per target (1 per target element), its backward writes one gradient per target (1); mean squared
+#: error subtracts, squares and sums (3 per input element), its backward subtracts and scales (2).
+NLL_LOSS, NLL_LOSS_BACKWARD, MSE_LOSS, MSE_LOSS_BACKWARD = 1, 1, 3, 2
+#: A loss scaler's unscale, per gradient element: a finiteness check and a multiply by the inverse scale; its scale
+#: update, per call: a compare, a multiply and a counter add.
+AMP_UNSCALE, AMP_UPDATE_SCALE = 2, 3
+
 #: FLOPs per OUTPUT element of elementwise operations (in-place variants like ``add_`` cost as their operation).
 PER_OUTPUT_ELEMENT: dict[str, int] = {
     **dict.fromkeys(

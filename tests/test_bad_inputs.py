@@ -6,6 +6,10 @@ from __future__ import annotations
 import pytest
 
 from rpx_core.cli import main
+from rpx_plugins.stages import BUILTIN_STAGES
+
+#: Every stage name, as an unknown stage's line lists them.
+STAGES = ", ".join(sorted(stage.name for stage in BUILTIN_STAGES))
 
 BASE = '''
 [[models]]
@@ -80,12 +84,12 @@ CASES = {
     'stage_typo': (
         'stages = ["count_flop"]\n' + BASE,
         [],
-        "rpx: error: stage_typo.toml: stages[0]: unknown stage 'count_flop'; did you mean 'count_flops'? (stages: batch_search, count_flops, count_params, estimate_traffic, measure_breakdown, measure_latency, measure_serving, roofline, serve, system_card)",
+        f"rpx: error: stage_typo.toml: stages[0]: unknown stage 'count_flop'; did you mean 'count_flops'? (stages: {STAGES})",
     ),
     'cli_stage_typo': (
         BASE,
         ['--stages', 'count_parms'],
-        "rpx: error: cli_stage_typo.toml: --stages: unknown stage 'count_parms'; did you mean 'count_params'? (stages: batch_search, count_flops, count_params, estimate_traffic, measure_breakdown, measure_latency, measure_serving, roofline, serve, system_card)",
+        f"rpx: error: cli_stage_typo.toml: --stages: unknown stage 'count_parms'; did you mean 'count_params'? (stages: {STAGES})",
     ),
     'cli_empty_stages': (
         BASE,
@@ -300,7 +304,7 @@ CASES = {
         'stages = ["count_flop"]\nbackend = "cpux"\ndevice = "banana"\n\n[[models]]\nname = "lin"\nsource = "gone.py:build"\nkwargs = { in_features = 4, out_features = 2 }\ninputs = [{ shape = [1, 4] }]\n',
         [],
         "\n".join([
-            "rpx: error: many_at_once.toml: stages[0]: unknown stage 'count_flop'; did you mean 'count_flops'? (stages: batch_search, count_flops, count_params, estimate_traffic, measure_breakdown, measure_latency, measure_serving, roofline, serve, system_card)",
+            f"rpx: error: many_at_once.toml: stages[0]: unknown stage 'count_flop'; did you mean 'count_flops'? (stages: {STAGES})",
             "rpx: error: many_at_once.toml: backend: 'cpux' not recognized. Choose one of: cpu, cuda, jax, mps",
             'rpx: error: many_at_once.toml: models[0].source: no such file {dir}/gone.py',
         ]),

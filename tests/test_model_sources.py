@@ -22,6 +22,7 @@ from rpx_core.plugin import ModelSource
 from rpx_core.registry.manager import Plugins
 from rpx_core.spec.schema import InputSpec, spec_from_dict
 from rpx_plugins.sources import hf, vision
+from rpx_plugins.stages import BUILTIN_STAGES
 from tests.conftest import rpx_cli
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -328,8 +329,7 @@ def test_profile_problems_are_one_line_each_naming_the_option(llama_dir: Path, t
     assert stage.returncode == 2
     assert stage.stderr.splitlines() == [
         "rpx: error: rpx profile: --stages: unknown stage 'count_flop'; did you mean 'count_flops'? (stages: "
-        "batch_search, count_flops, count_params, estimate_traffic, measure_breakdown, measure_latency, measure_serving, roofline, serve, "
-        "system_card)"]
+        f"{', '.join(sorted(stage.name for stage in BUILTIN_STAGES))})"]
     folder = rpx_cli("profile", "hf:./nope", "--input", "1x8", cwd=tmp_path)
     assert folder.returncode == 2
     assert folder.stderr.splitlines() == [

@@ -186,9 +186,21 @@ def inside(started: float, unavailable: dict[str, str]) -> None:
         versions=", ".join(f"{name} {v}" for name, v in versions().items()), conventions=conventions,
         accuracy=accuracy_tables(counts, missing), speed=speed, latency=latency_table(latency_rows),
         batch=batch_table(batch_result), serving=serving)
+    text = kept_training_section(text)
     DOC.write_text(text)
     print("\n".join(lines))
     print(f"wrote {DOC.relative_to(ROOT)} in {seconds:.0f} s (raw figures: {RAW.relative_to(ROOT)})")
+
+
+def kept_training_section(text: str) -> str:
+    """``text`` with the training batch-search section of the current document after it (its own script writes it)."""
+    from compare.training_batch import SECTION
+
+    current = DOC.read_text() if DOC.exists() else ""
+    if SECTION[0] not in current:
+        return text
+    start, end = current.index(SECTION[0]), current.index(SECTION[1]) + len(SECTION[1])
+    return text.rstrip("\n") + "\n\n" + current[start:end] + "\n"
 
 
 DOC_TEMPLATE = """# rpx beside the tools people use

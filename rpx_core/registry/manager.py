@@ -68,6 +68,8 @@ BUILTIN = {
     "system-card": "rpx_plugins.system_card",
     "latency": "rpx_plugins.latency",
     "batch-search": "rpx_plugins.batch_search.stage",
+    "torch-training": "rpx_plugins.training.torch_train",
+    "jax-training": "rpx_plugins.training.jax_train",
     "serving": "rpx_plugins.serving.stage",
     "breakdown-torch": "rpx_plugins.breakdown.torch_stage",
     "breakdown-jax": "rpx_plugins.breakdown.jax_stage",

@@ -18,7 +18,7 @@ wherever a JAX primitive corresponds to an aten operator:
   kernels are listed in ``uncounted`` with their call counts (bytes of their operands still counted).
 * module paths come from the name stack (Flax linen scopes, and the scopes rpx adds for NNX and Equinox), transform
   wrappers such as ``jvp(...)`` unwrapped; equations under ``transpose(...)`` are the backward phase, under
-  ``OPTIMIZER_SCOPE`` the optimizer update.
+  ``OPTIMIZER_SCOPE`` the optimizer update (and under ``ACCUMULATE_SCOPE``, gradient accumulation, backward too).
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ OPAQUE_KERNELS = frozenset({"pallas_call", "mosaic_gpu_call", "triton_kernel_cal
 OPTIMIZER_SCOPE = "rpx_optimizer"
 #: The by_module entry of the optimizer update's operations (as BACKWARD_MODULE holds the backward pass's).
 OPTIMIZER_MODULE = "(optimizer)"
+#: The named scope rpx puts around adding one micro-batch's gradients to the others' (counted as backward work, as
+#: torch's gradient accumulation runs in its backward pass).
+ACCUMULATE_SCOPE = "rpx_accumulate"
 #: Elementwise primitives XLA reports as transcendentals (rpx counts each at 1 FLOP per element in other_flops).
 TRANSCENDENTAL = frozenset(
     {
@@ -80,6 +83,9 @@ PER_INPUT_ELEMENT: dict[str, int] = cost_table.select(
         "reduce_or": "any", "reduce_xor": "any", "cumlogsumexp": "logcumsumexp",
     },
 )
+#: Scatters that combine each update with the value it lands on (the transpose of a gather, e.g. a cross-entropy's
+#: label pick): 1 per update element. Their ``update_jaxpr`` is the combiner, not a sub-program to walk.
+SCATTER_COMBINES = {"scatter-add": 1, "scatter-mul": 1, "scatter-min": 1, "scatter-max": 1}
 #: Windowed reductions (pooling): window volume per output element, torch's pooling convention.
 WINDOW_REDUCTIONS = frozenset({"reduce_window_sum", "reduce_window_max", "reduce_window_min"})
 #: Zero FLOPs by definition, bytes still counted: type conversions, reshapes, broadcasts, slicing, concatenation,
@@ -102,6 +108,7 @@ def other_flops_convention() -> str:
             "integer_pow[y]: |y| - 1 multiplies per element, + 1 divide if y < 0 (x**3 costs 2, so jax.nn.gelu's tanh "
             "form totals 9 per element like torch's gelu formula; torch's generic aten.pow counts 1)",
             f"{', '.join(sorted(WINDOW_REDUCTIONS))}: window volume per output element",
+            f"{', '.join(sorted(SCATTER_COMBINES))}: 1 per update element",
             "dot_general, conv_general_dilated: matrix work only (macs), no other FLOPs",
             f"zero by definition (bytes still counted): {', '.join(sorted(DATA_MOVEMENT))}",
             "composites cost the sum of their primitives (jax.nn.gelu: 5 per element in erf form, 9 in tanh form); "
@@ -203,6 +210,8 @@ def other_flops(eqn: Any) -> int | None:
         return 0
     if name in PER_INPUT_ELEMENT:
         return PER_INPUT_ELEMENT[name] * int(eqn.invars[0].aval.size)
+    if name in SCATTER_COMBINES:
+        return SCATTER_COMBINES[name] * int(eqn.invars[2].aval.size)
     cost = cost_per_output(eqn)
     return None if cost is None else cost * int(eqn.outvars[0].aval.size)
 
@@ -270,7 +279,7 @@ def module_and_phase(stack: str, naming: ModuleNaming) -> tuple[str, str]:
         if part == OPTIMIZER_SCOPE:
             phase = "optimizer"
             continue
-        if part.startswith("transpose("):
+        if part.startswith("transpose(") or part == ACCUMULATE_SCOPE:
             phase = "backward"
         name = unwrap(part)
         if not name or (position == 0 and name == naming.root) or name.startswith(naming.ignored_prefixes):
@@ -314,7 +323,7 @@ class Walker:
                 self.cond(eqn, weights, times, stack)
             elif name == "while":
                 self.loop(eqn, weights, times, stack)
-            elif name in OPAQUE_KERNELS or not has_subprogram(eqn):
+            elif name in OPAQUE_KERNELS or name in SCATTER_COMBINES or name == "scatter" or not has_subprogram(eqn):
                 self.record(eqn, weights, times, stack)
             else:
                 raise UnsupportedError(

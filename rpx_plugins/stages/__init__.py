@@ -1,6 +1,6 @@
 """The built-in stages, declared like any plugin's: name, needs, options, result type, scope, hook, summary fields,
 and how their results are shown (tables, compare figures, charts). One module per stage family: counts (Tier 1),
-roofline, system_card, latency, batch_search, serving, breakdown.
+roofline, system_card, latency, batch_search, serving, breakdown, training (its summary fields are listed there).
 
 The implementations are hook implementations elsewhere (``rpx_plugins.torch.counts``, ``rpx_plugins.jax.counts``,
 ``rpx_plugins.roofline``, ...), registered ``trylast`` so any installed plugin can answer first for its backends.
@@ -55,9 +55,10 @@ from rpx_plugins.stages.latency import MEASURE_LATENCY
 from rpx_plugins.stages.roofline import ROOFLINE
 from rpx_plugins.stages.serving import MEASURE_SERVING, SERVE
 from rpx_plugins.stages.system_card import SYSTEM_CARD
+from rpx_plugins.stages.training import TRAIN_BATCH_SEARCH, TRAIN_STEP
 
 BUILTIN_STAGES = (COUNT_PARAMS, COUNT_FLOPS, ESTIMATE_TRAFFIC, ROOFLINE, SYSTEM_CARD, MEASURE_LATENCY, BATCH_SEARCH,
-                  SERVE, MEASURE_SERVING, MEASURE_BREAKDOWN)
+                  SERVE, MEASURE_SERVING, MEASURE_BREAKDOWN, TRAIN_STEP, TRAIN_BATCH_SEARCH)
 
 
 @hookimpl

@@ -252,6 +252,43 @@ for _name, _cost in cost_table.PER_INPUT_ELEMENT.items():
     formula(*present(_name))(per_input_element(_cost))
 
 
+def foreach(cost: int) -> Formula:
+    """A ``_foreach_`` operator: its elementwise operation over every tensor of its first list."""
+    return lambda call: (0, cost * sum(tensor.numel() for tensor in call.first()))
+
+
+for _name, _cost in cost_table.PER_OUTPUT_ELEMENT.items():
+    if hasattr(aten, f"_foreach_{_name}"):  # the optimisers' multi-tensor paths (foreach=True, CUDA's default)
+        formula(getattr(aten, f"_foreach_{_name}"))(foreach(_cost))
+formula(aten._foreach_norm)(foreach(cost_table.PER_INPUT_ELEMENT["norm"]))
+formula(aten._amp_foreach_non_finite_check_and_unscale_)(foreach(cost_table.AMP_UNSCALE))
+
+
+@formula(aten._amp_update_scale_)
+def amp_update_scale(call: OpCall) -> tuple[int, int]:
+    return 0, cost_table.AMP_UPDATE_SCALE
+
+
+@formula(aten.nll_loss_forward, aten.nll_loss2d_forward)
+def nll_loss(call: OpCall) -> tuple[int, int]:
+    return 0, cost_table.NLL_LOSS * call.args["target"].numel()
+
+
+@formula(aten.nll_loss_backward, aten.nll_loss2d_backward)
+def nll_loss_backward(call: OpCall) -> tuple[int, int]:
+    return 0, cost_table.NLL_LOSS_BACKWARD * call.args["target"].numel()
+
+
+@formula(aten.mse_loss)
+def mse_loss(call: OpCall) -> tuple[int, int]:
+    return 0, cost_table.MSE_LOSS * call.first().numel()
+
+
+@formula(aten.mse_loss_backward)
+def mse_loss_backward(call: OpCall) -> tuple[int, int]:
+    return 0, cost_table.MSE_LOSS_BACKWARD * call.args["self"].numel()
+
+
 @formula(aten.gelu)
 def gelu(call: OpCall) -> tuple[int, int]:
     cost = cost_table.GELU_TANH if call.args["approximate"] == "tanh" else cost_table.GELU_ERF
@@ -415,6 +452,11 @@ def other_flops_convention() -> str:
         "max/avg pooling: kernel volume per output element; avg pooling backward the same per output gradient; max "
         "pooling backward 1 per output gradient; adaptive avg pooling backward 1 per input element",
         "embedding backward: 1 per gradient element (+1 with scale_grad_by_freq)",
+        f"losses: nll_loss {cost_table.NLL_LOSS} per target element (backward {cost_table.NLL_LOSS_BACKWARD}), mse_loss "
+        f"{cost_table.MSE_LOSS} per input element (backward {cost_table.MSE_LOSS_BACKWARD})",
+        "_foreach_ operators (optimisers' multi-tensor paths): their elementwise operation's cost per element of "
+        f"every tensor in the list; a loss scaler's unscale {cost_table.AMP_UNSCALE} per gradient element, its scale "
+        f"update {cost_table.AMP_UPDATE_SCALE} per call",
         "bias of addmm/baddbmm/addmv/convolution: 1 per output element",
         "attention: see causal_mask_convention",
         "nn.TransformerEncoderLayer's fused op: the sum of its unfused path's ops, priced as above (gelu in erf form)",

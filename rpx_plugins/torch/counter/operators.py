@@ -14,8 +14,9 @@ import torch
 from rpx_plugins.torch.counter import formulas  # noqa: F401  (registers the built-in formulas)
 from rpx_plugins.torch.counter.registry import Formula, PluginFormula, aten, lookup, present
 
-#: Views the schema does not declare: _unsafe_view is a view, detach_ only changes autograd metadata.
-ALIASES = frozenset({aten._unsafe_view, aten.detach_})
+#: Views the schema does not declare: _unsafe_view is a view, detach_ only changes autograd metadata, as_strided_
+#: only a tensor's sizes and strides (autograd restriding a gradient to its parameter's layout).
+ALIASES = frozenset({aten._unsafe_view, aten.detach_, aten.as_strided_})
 #: Shape/stride/device queries: no FLOPs, no bytes.
 METADATA = frozenset(
     {
@@ -101,7 +102,7 @@ def classify(
         kind = FORMULA
     elif func.is_view or packet in ALIASES:
         kind = VIEW
-    elif packet in METADATA or func.namespace == "prim":
+    elif packet in METADATA or func.namespace in ("prim", "profiler"):  # profiler: record_function markers
         kind = METADATA_QUERY
     elif packet in EMPTY_ALLOCATIONS:
         kind = ALLOCATION
