@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib.util
-import os
 import threading
 from typing import Any, Callable, Iterator
 
@@ -210,41 +209,6 @@ class Tf32Switches:
 TF32_SWITCHES = Tf32Switches()
 
 
-def nvml_other_processes(uuid: str | None, index: int) -> tuple[str, ...] | None:
-    """Processes other than this one with a compute context on the GPU (by UUID, else NVML's index), as "pid name";
-    None when NVML is missing or refuses. In a container NVML reports the host's process ids, where this process's
-    own id is not found: one of them is then this process, so all but one are listed (which one was this process
-    cannot be told from here)."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return None
-    try:
-        handle = (pynvml.nvmlDeviceGetHandleByUUID(uuid) if uuid is not None
-                  else pynvml.nvmlDeviceGetHandleByIndex(index))
-        pids = [process.pid for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
-    except pynvml.NVMLError:
-        return None
-    finally:
-        pynvml.nvmlShutdown()
-    own = os.getpid()
-    others = [pid for pid in pids if pid != own] if own in pids else sorted(pids)[1:]
-    return tuple(f"{pid} {process_name(pid)}" for pid in others)
-
-
-def process_name(pid: int) -> str:
-    import psutil
-
-    try:
-        return psutil.Process(pid).name()
-    except (psutil.Error, OSError):
-        return "(not visible from here)"
-
-
 def describe_devices(names: list[str]) -> str:
     """E.g. "2 devices: NVIDIA H200" or "2 devices: NVIDIA H200, NVIDIA A100 80GB PCIe"."""
     distinct = ", ".join(dict.fromkeys(names))
@@ -392,7 +356,7 @@ class CudaBackend(TorchBackend):
         import torch
 
         uuid = getattr(torch.cuda.get_device_properties(torch.device(device)), "uuid", None)
-        return nvml_other_processes(None if uuid is None else f"GPU-{uuid}", resolved_index(device))
+        return self._processes.others(None if uuid is None else str(uuid))
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
         import torch

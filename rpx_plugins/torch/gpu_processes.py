@@ -1,5 +1,6 @@
-"""Whose memory is on a CUDA device: this process's own use, apart from everyone else's, from NVML's per-process
-figures (``nvidia-ml-py``, imported as ``pynvml``: the optional ``rpx[nvml]`` extra).
+"""Who is on a CUDA device: this process's own memory, apart from everyone else's, and the other processes there (a
+measurement beside them is marked), from NVML's per-process list (``nvidia-ml-py``, imported as ``pynvml``: the
+optional ``rpx[nvml]`` extra).
 
 CUDA itself (``cudaMemGetInfo``) only says how much of the device is in use, by anyone. NVML lists the processes
 using a device with the memory each holds (its CUDA context, everything its allocator reserved, library handles).
@@ -37,17 +38,9 @@ class ProcessMemory:
 
     def share(self, uuid: str | None) -> ProcessShare:
         """This process's memory on the device with ``uuid`` (CUDA's form, with or without "GPU-")."""
-        with self._lock:
-            pynvml = self._start()
-            if pynvml is None:
-                return ProcessShare(None, self._problem)
-            if uuid is None:
-                return ProcessShare(None, "torch reports no UUID for the device, so NVML cannot find it")
-            try:
-                handle = self._handle(pynvml, uuid)
-                processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            except pynvml.NVMLError as exc:
-                return ProcessShare(None, f"NVML could not list the device's processes: {exc}")
+        processes, problem = self._processes(uuid)
+        if processes is None:
+            return ProcessShare(None, problem)
         mine = [process for process in processes if process.pid == os.getpid()]
         if not mine:
             return ProcessShare(None, f"NVML does not list this process (pid {os.getpid()}; a container with its own "
@@ -56,6 +49,31 @@ class ProcessMemory:
         if any(not isinstance(value, int) or value < 0 or value >= 2**63 for value in used):
             return ProcessShare(None, "NVML reports no per-process memory for this device (MIG, or not supported)")
         return ProcessShare(sum(used))
+
+    def others(self, uuid: str | None) -> tuple[str, ...] | None:
+        """The other processes with a compute context on the device, as "pid name"; None when NVML cannot say. In a
+        container NVML lists the host's process ids, where this process's own is not found: one of them is this
+        process, so all but one are listed (which one cannot be told from here)."""
+        processes, _ = self._processes(uuid)
+        if processes is None:
+            return None
+        pids = [process.pid for process in processes]
+        own = os.getpid()
+        others = [pid for pid in pids if pid != own] if own in pids else sorted(pids)[1:]
+        return tuple(f"{pid} {process_name(pid)}" for pid in others)
+
+    def _processes(self, uuid: str | None) -> tuple[list[Any] | None, str | None]:
+        """NVML's compute processes on the device, or None and why not."""
+        with self._lock:
+            pynvml = self._start()
+            if pynvml is None:
+                return None, self._problem
+            if uuid is None:
+                return None, "torch reports no UUID for the device, so NVML cannot find it"
+            try:
+                return list(pynvml.nvmlDeviceGetComputeRunningProcesses(self._handle(pynvml, uuid))), None
+            except pynvml.NVMLError as exc:
+                return None, f"NVML could not list the device's processes: {exc}"
 
     def _start(self) -> Any:
         if not self._started:
@@ -77,3 +95,12 @@ class ProcessMemory:
         if uuid not in self._handles:
             self._handles[uuid] = pynvml.nvmlDeviceGetHandleByUUID("GPU-" + str(uuid).removeprefix("GPU-"))
         return self._handles[uuid]
+
+
+def process_name(pid: int) -> str:
+    import psutil
+
+    try:
+        return psutil.Process(pid).name()
+    except (psutil.Error, OSError):
+        return "(not visible from here)"
