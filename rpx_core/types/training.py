@@ -211,7 +211,8 @@ class MeasuredStep:
     #: [low, high] of the median's distribution-free interval at interval_confidence; None with too few steps.
     p50_interval_ms: list[float] | None = None
     interval_confidence: float = 0.95
-    verdict: str | None = None  # "stable", "noisy" or "too_few_samples", as for latency
+    verdict: str | None = None  # "stable", "noisy" or "too_few_samples", judged as latency's is
+    verdict_reasons: tuple[str, ...] = ()  # why it is not "stable" (interval, spread, tail, drift, warm-up)
     memory_method: str = ""  # how the host's allocator was set for the memory step, where that matters
 
 

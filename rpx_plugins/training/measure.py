@@ -19,7 +19,7 @@ from typing import Any
 
 from rpx_core.plugin import Backend, Deadline, LatencyOptions, MemoryPeak, StageContext, stats
 from rpx_core.types.training import MeasuredStep, PredictedVsMeasured, TrainStepOptions
-from rpx_plugins.latency import interval_is_tight, relative_width, sample_calls, verdict, warm_up
+from rpx_plugins.latency import interval_is_tight, judge, relative_width, sample_calls, warm_up
 from rpx_plugins.measurement import gc_paused
 from rpx_plugins.training.host_allocator import freed_memory_returned, settle_for_speed, trim
 
@@ -57,6 +57,8 @@ def measure_steps(ctx: StageContext, build: Callable[[], Any], batch_size: int, 
     samples_ms = [seconds * 1e3 for seconds in sampling.samples_s]
     p50 = stats.percentile(samples_ms, 50)
     interval = stats.median_interval(samples_ms, options.interval_confidence)
+    verdict, reasons = judge(tuple(samples_ms), relative_width(interval, samples_ms), interval_options(options), warm,
+                             None)
     return MeasuredStep(
         batch_size=batch_size,
         samples_per_step=samples_per_step,
@@ -74,7 +76,8 @@ def measure_steps(ctx: StageContext, build: Callable[[], Any], batch_size: int, 
         peak_memory=peak,
         p50_interval_ms=None if interval is None else list(interval),
         interval_confidence=options.interval_confidence,
-        verdict=verdict(relative_width(interval, samples_ms), options.target_relative_width),
+        verdict=verdict,
+        verdict_reasons=reasons,
         memory_method=memory_method,
     )
 
