@@ -1,6 +1,7 @@
 """The GPU check: everything rpx does on a GPU, run on a node with no network, with the node's own Python.
 
     python3 scripts/gpu_check.py --wheelhouse DIR [--out DIR] [--device cuda|mps] [--only batch-search]
+                                 [--precisions fp32,bf16]
     (scripts/gpu_check.sh wraps it)
 
 1. **Environment.** The interpreter running this script is used as it is: torch (and jax, numpy) are never
@@ -315,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="cpu: with --direct-scan only (the comparison's own logic is tested on the CPU)")
     parser.add_argument("--logic-tests", nargs="*", default=LOGIC_TESTS, help="the CPU logic tests to run")
     parser.add_argument("--only", choices=("batch-search",), help="run this check alone (after the environment)")
+    parser.add_argument("--precisions", help="profile at these precisions only (comma-separated; default: every "
+                                             "precision the device runs)")
     parser.add_argument("--direct-scan", type=Path, help=argparse.SUPPRESS)  # SPEC: the scan's own process
     args = parser.parse_args(argv)
     if args.direct_scan:
@@ -336,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
             pytest_line(report, "logic tests of the GPU modules", ["-m", "not cuda", *args.logic_tests], gpu=True)
     if present:
         if args.only is None:
-            profile_lines(report, args.out, args.device, PRECISIONS[args.device])
+            precisions = tuple(args.precisions.split(",")) if args.precisions else PRECISIONS[args.device]
+            profile_lines(report, args.out, args.device, precisions)
         batch_search_lines(report, args.out, args.device)
     else:
         skipped = ("batch search", "direct scan")
