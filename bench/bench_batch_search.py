@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import attrs  # noqa: E402
 from machine import describe_machine  # noqa: E402
 
-from rpx_core.registry.backends import MemoryPeak  # noqa: E402
 from rpx_core.execution.context import Job, RunContext, StageContext  # noqa: E402
+from rpx_core.registry.backends import MemoryPeak  # noqa: E402
 from rpx_core.spec.schema import InputSpec, ModelSpec  # noqa: E402
 from rpx_core.types.batch_search import BatchSearchOptions, BatchTracker  # noqa: E402
 from rpx_plugins.batch_search.planner import BatchPlanner, fit_linear  # noqa: E402

@@ -104,6 +104,9 @@ def run_planned(args: argparse.Namespace) -> int:
     from rpx_core.show.console import RunConsole, choose_mode, print_tables
     from rpx_core.spec.checks import validate
 
+    console = RunConsole(choose_mode(quiet=args.quiet, events=args.events))
+    if not args.dry_run:
+        console.note(f"checking {args.spec} and loading plugins")
     plugins = load_plugins(args)
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip()) if args.stages is not None else None
     overrides = {key: value for key, value in (("isolation", args.isolation), ("stage_timeout", args.stage_timeout),
@@ -117,13 +120,14 @@ def run_planned(args: argparse.Namespace) -> int:
         print("\n".join(job_lines(plan, plugins)))
         return EXIT_STAGE_FAILED if plan.failed_models else EXIT_OK
     output = Path(args.output) if args.output else plan.spec.output_path()
-    console = RunConsole(choose_mode(quiet=args.quiet, events=args.events))
+    console.note(f"{len(plan.jobs)} job(s), stages {', '.join(plan.stages)}; starting workers (each imports the "
+                 "framework once)")
     with console:
         result = run_plan(plan, plugins, output=output, fmt=args.format, spec_path=args.spec, observer=console,
                           resume=args.resume)
     console.finished(output, result.ok)
     if console.mode in ("live", "plain"):
-        print_tables(result)
+        print_tables(result, plugins.stages(plan.spec.choose).in_load_order())
     if console.mode != "jsonl":
         print(f"results: {output}")
     return EXIT_OK if result.ok else EXIT_STAGE_FAILED
@@ -189,9 +193,11 @@ def cmd_backends(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
-    for row in rows:
-        mark = "available" if row["available"] else "unavailable"
-        print(f"{row['name']:<8} {mark:<12} {','.join(row['precisions']):<22} {row['reason']}")
+    cells = [(row["name"], "available" if row["available"] else "unavailable", ",".join(row["precisions"]),
+              row["reason"]) for row in rows]
+    widths = [max((len(cell[index]) for cell in cells), default=0) for index in range(3)]
+    for cell in cells:
+        print("  ".join(text.ljust(width) for text, width in zip(cell, widths)) + "  " + cell[3])
     return EXIT_OK
 
 

@@ -18,6 +18,11 @@ here too (and from :mod:`rpx_core.types`, the schema of the results they define)
   percentiles and the median's interval as :data:`stats`, :class:`MemoryPeak` with :func:`with_start` to fill in a
   region's start and increment, :class:`Timer`, :class:`Deadline` for a stage's own time budget,
   :func:`with_partial` to hand back what an interrupted stage finished, :data:`PROGRESS_INTERVAL`).
+* How a stage's results are shown (``Stage.tables``, ``figures``, ``charts``): :class:`Table` of :class:`Column`
+  and :class:`Cell`, built by a :class:`TableView`; :class:`Figure` (with :class:`Noise`) for ``rpx compare``, the
+  traits every model has (:data:`SHAPES`, :data:`PRECISION`); :class:`ChartView` with :func:`pyplot`, :func:`colour` (one colour per GPU or model on every chart) and
+  :func:`plain` (a name drawn as text, never as mathtext); :mod:`units`
+  (every figure in human units); :func:`ok_result`, :func:`run_result`, :func:`field` to read results files.
 * Precisions (:class:`Precision`, :func:`get_precision`, :func:`check_precision`, ``BYTES_PER_ELEMENT``) and GPU
   packs (:class:`GPUSpec`, :class:`Peak`, :class:`GPUCatalog`).
 * Operator formulas: :class:`OpFormula` (what ``rpx_register_op_formulas`` returns) and :mod:`rpx_core.cost_table`
@@ -54,6 +59,10 @@ from rpx_core.registry.hookspecs import hookimpl
 from rpx_core.registry.op_formula import OpFormula
 from rpx_core.registry.sources import ModelSource, import_or_explain
 from rpx_core.registry.stages import Stage
+from rpx_core.show import units
+from rpx_core.show.charts import ChartView, colour, plain, pyplot
+from rpx_core.show.compare import PRECISION, SHAPES, Figure, Noise
+from rpx_core.show.tables import Cell, Column, Table, TableView, field, ok_result, run_result
 from rpx_core.spec.limits import Deadline
 from rpx_core.spec.schema import FLOAT_DTYPES, InputSpec, ModelSpec
 from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult
@@ -95,6 +104,10 @@ __all__ = [
     "Deadline", "with_partial", "PROGRESS_INTERVAL",
     "SystemCard", "AcceleratorCard",
     "BatchSearchResult", "BatchSearchOptions",
+    # how a stage's results are shown
+    "Table", "Column", "Cell", "TableView", "Figure", "Noise", "SHAPES", "PRECISION", "ChartView", "pyplot", "colour",
+    "plain", "units",
+    "ok_result", "run_result", "field",
     # precisions and GPU packs
     "Precision", "PRECISIONS", "get_precision", "check_precision", "BYTES_PER_ELEMENT",
     "GPUSpec", "Peak", "GPUCatalog",

@@ -225,8 +225,8 @@ def batch_search_lines(report: Report, out: Path, device: str) -> None:
 def scan_lines(report: Report, spec, result) -> None:
     """Each stage's largest batch within the usable budget, found here by bisection with every other model resident,
     each size measured from an empty cache under the same hard cap (an out-of-memory error is "does not fit")."""
-    from rpx_core.registry.manager import Plugins
     from rpx_core.execution.context import StageContext
+    from rpx_core.registry.manager import Plugins
     from rpx_core.spec.plan import make_plan
     from rpx_core.types.batch_search import used_bytes
 

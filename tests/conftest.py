@@ -81,6 +81,13 @@ def write_spec(tmp_path: Path):
     return write
 
 
+def builtin_stages() -> dict:
+    """The stage declarations of the built-in plugins (what the display code draws tables from)."""
+    from rpx_core.registry.manager import Plugins
+
+    return Plugins.load(tolerant=True).stages().in_load_order()
+
+
 def console_text(run) -> str:
     """What ``rpx run`` prints when it ends for ``run`` (its tables, as piped to a file)."""
     import io
@@ -89,5 +96,5 @@ def console_text(run) -> str:
     from rpx_core.show import tables as views
 
     out = io.StringIO()
-    render.terminal(views.tables(run, views.RUN_END), [], out)
+    render.terminal(views.tables(run, builtin_stages()), [], out)
     return out.getvalue()

@@ -13,6 +13,9 @@ import pytest
 from rpx_core.api import load_results
 from rpx_core.errors import RpxError
 from rpx_core.show import charts
+from rpx_plugins.stages.batch_search import batch_chart
+from rpx_plugins.stages.roofline import roofline_chart
+from tests.conftest import builtin_stages
 
 pytest.importorskip("matplotlib")  # in the test extra; the message without it is tested below
 
@@ -30,7 +33,7 @@ def png_size(path: Path) -> tuple[int, int]:
 @pytest.mark.parametrize("source, kind, name", [(RUN_A, "roofline", "roofline.png"), (BATCH, "batch", "batch.png")])
 def test_png_charts_are_valid_and_sized(tmp_path, source, kind, name):
     out = tmp_path / name
-    charts.save(charts.figure_for(load_results(source), kind), out)
+    charts.save(charts.figure_for(load_results(source), kind, builtin_stages()), out)
     width, height = png_size(out)
     assert 500 <= width <= 3000 and 400 <= height <= 2000
     assert out.stat().st_size > 20_000  # lines, points and text, not a blank canvas
@@ -38,12 +41,13 @@ def test_png_charts_are_valid_and_sized(tmp_path, source, kind, name):
 
 def test_roofline_has_a_roof_per_gpu_and_the_model_points():
     run = load_results(RUN_A)
-    figure = charts.roofline_figure(run)
+    figure = roofline_chart(run)
     ax = figure.axes[0]
     labels = [line.get_label() for line in ax.get_lines()]
     gpus = list(run.models[0].result("roofline").gpus)
     assert all(f"{gpu} fp32" in labels for gpu in gpus)
-    assert "measured on cpu (p50)" in labels and "model, fused traffic" in labels
+    assert "tiny-cnn measured on cpu (p50)" in labels and "tiny-cnn, fused traffic" in labels
+    assert "tiny-transformer, fused traffic" in labels  # every model on one chart, with a legend
     assert ax.get_xscale() == ax.get_yscale() == "log"
     # the roof of the first GPU flattens at its peak
     roof = ax.get_lines()[0]
@@ -55,7 +59,7 @@ def test_roofline_has_a_roof_per_gpu_and_the_model_points():
 def test_batch_chart_marks_failures_budget_and_choice():
     run = load_results(BATCH)
     result = run.run_stages["batch_search"].result
-    figure = charts.batch_figure(run)
+    figure = batch_chart(run)
     memory = figure.axes[1]
     labels = [line.get_label() for line in memory.get_lines()]
     assert any("failed" in label for label in labels)

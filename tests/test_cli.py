@@ -97,3 +97,25 @@ def test_global_options_work_before_and_after_the_command(tmp_path):
     assert status["cuda"] == status["mps"] == "disabled" and status["cpu"] == "loaded"
     after = rpx_cli("validate", str(tmp_path / "none.toml"), "--debug")
     assert after.returncode != 0 and "Traceback" in after.stderr
+
+
+def test_rpx_backends_columns_line_up_for_long_names(tmp_path):
+    """A backend named longer than the built-in ones (a plugin's) keeps every column aligned."""
+    from tests.conftest import make_plugin_package, pip_install_target
+
+    package = make_plugin_package(tmp_path, "rpx-longname", "rpx_longname", "longname", """
+        from rpx_core.plugin import CpuBackend, hookimpl
+
+        class Long(CpuBackend):
+            name = "a-backend-with-a-long-name"
+
+        @hookimpl
+        def rpx_register_backends():
+            return [Long()]
+    """)
+    site = pip_install_target(package, tmp_path / "site")
+    done = rpx_cli("backends", env={"PYTHONPATH": str(site)})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    starts = {line.index("available") if " available" in line else line.index("unavailable") for line in lines}
+    assert len(lines) >= 4 and len(starts) == 1

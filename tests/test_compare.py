@@ -11,7 +11,15 @@ import attrs
 import pytest
 
 from rpx_core.api import load_results
-from rpx_core.show.compare import compare, figures, verdict
+from rpx_core.show.compare import compare as compare_with
+from rpx_core.show.compare import figures, verdict
+from tests.conftest import builtin_stages
+
+STAGES = builtin_stages()
+
+
+def compare(runs):
+    return compare_with(runs, STAGES)
 
 DATA = Path(__file__).parent / "data"
 RUN_A, RUN_B = DATA / "run_a_results.toml", DATA / "run_b_other_shapes_results.toml"
@@ -28,13 +36,13 @@ def rows_of(table, model, figure):
 
 def test_a_file_against_itself_is_the_same_everywhere(run_a):
     table = compare([("a", run_a), ("a again", run_a)])
-    assert {row[table.columns.index("B vs A")].value for row in table.rows} == {"same"}
-    assert {row[table.columns.index("B/A")].value for row in table.rows} == {1.0}
+    assert {row[table.titles.index("B vs A")].value for row in table.rows} == {"same"}
+    assert {row[table.titles.index("B/A")].value for row in table.rows} == {1.0}
 
 
 def test_other_input_shapes_give_a_note_not_a_ratio(run_a):
     table = compare([("a", run_a), ("b", load_results(RUN_B))])
-    ratio, verdict_ = table.columns.index("B/A"), table.columns.index("B vs A")
+    ratio, verdict_ = table.titles.index("B/A"), table.titles.index("B vs A")
     # tiny-cnn ran at 64x64 in B: every shape-dependent figure is not comparable, with the shapes in the note
     flops = rows_of(table, "tiny-cnn", "FLOPs")
     assert flops[ratio].value is None and flops[ratio].text.startswith("n/c [")
@@ -50,16 +58,16 @@ def test_other_input_shapes_give_a_note_not_a_ratio(run_a):
 def test_precision_blocks_bytes_and_times_but_not_counts(run_a):
     other = attrs.evolve(run_a, models=tuple(attrs.evolve(model, precision="bf16") for model in run_a.models))
     table = compare([("fp32", run_a), ("bf16", other)])
-    verdict_ = table.columns.index("B vs A")
+    verdict_ = table.titles.index("B vs A")
     assert rows_of(table, "tiny-cnn", "FLOPs")[verdict_].value == "same"
     assert rows_of(table, "tiny-cnn", "fused bytes")[verdict_].value == "not comparable"
-    assert any("precision fp32 vs bf16" in note for note in table.notes)
+    assert any("precision differs (fp32 vs bf16)" in note for note in table.notes)
 
 
 def test_schema_mismatch_blocks_everything(run_a):
     other = attrs.evolve(run_a, schema_version=run_a.schema_version + 1)
     table = compare([("a", run_a), ("b", other)])
-    assert {row[table.columns.index("B vs A")].value for row in table.rows} == {"not comparable"}
+    assert {row[table.titles.index("B vs A")].value for row in table.rows} == {"not comparable"}
 
 
 def test_latency_verdict_uses_intervals_or_the_spread():
@@ -70,7 +78,7 @@ def test_latency_verdict_uses_intervals_or_the_spread():
         result = type("Latency", (), latency)()
         return ModelResult("m", "s", "cpu", "cpu", "fp32", "t", stages={"measure_latency": StageRecord("ok", result=result)})
 
-    latency = next(f for f in figures([model(1.0, 0.1)]) if f.name == "latency p50")
+    latency = next(f for f in figures([model(1.0, 0.1)], STAGES) if f.name == "latency p50")
     # 8% slower with a 10% spread: within noise; 20% slower: regressed; 20% faster: improved
     assert verdict(latency, model(1.0, 0.1), model(1.08, 0.1), 1.0, 1.08) == "within noise"
     assert verdict(latency, model(1.0, 0.1), model(1.2, 0.1), 1.0, 1.2) == "regressed"

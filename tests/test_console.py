@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 from rpx_core.execution.progress import Progress, ProgressReporter
 from rpx_core.execution.tasks import Finished, Started
@@ -130,3 +131,20 @@ def test_batch_search_reports_its_trials(tmp_path):
     events = [json.loads(line) for line in done.stdout.splitlines()]
     trials = [event for event in events if event.get("phase") == "batch-search trials"]
     assert trials and trials[0]["done"] == 0 and trials[0]["total"] is None and trials[0]["model"] == "<run>"
+
+
+def test_something_is_on_screen_within_a_second_of_rpx_run(tmp_path):
+    """What the run is starting is said before the spec is checked and before any worker imports torch, and the
+    final tables include everything `rpx show` prints by default (throughput too)."""
+    started = time.monotonic()
+    process = subprocess.Popen([sys.executable, "-m", "rpx_core.cli", "run", str(write_spec(tmp_path))],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = process.stderr.readline()
+    waited = time.monotonic() - started
+    rest, errors = process.communicate(timeout=240)
+    assert process.returncode == 0, errors
+    assert first == f"rpx: checking {tmp_path / 'spec.toml'} and loading plugins\n"
+    assert waited < 1.0, f"first line after {waited:.2f} s"  # the interpreter's start and rpx's light imports only
+    assert errors.splitlines()[0].startswith("rpx: 1 job(s), stages ")  # before the first stage line
+    for title in ("Tier 1", "Tier 3: measured latency", "Tier 3: throughput per batch size"):
+        assert title in rest

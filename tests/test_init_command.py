@@ -1,4 +1,4 @@
-"""``rpx init`` writes a commented starter spec that ``rpx validate`` accepts unchanged, for every way of naming a
+"""``rpx init`` and ``rpx profile``: a commented starter spec that ``rpx validate`` accepts unchanged, for every way of naming a
 model: the default, an import path, a model file (its build function found by reading it) and a named model."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rpx_core.api import load_results
 from rpx_core.errors import RpxError
 from rpx_core.spec.starter import build_function, model_source
 from tests.conftest import rpx_cli
@@ -60,3 +61,38 @@ def test_how_a_model_is_named_becomes_a_source(tmp_path: Path) -> None:
     bad = rpx_cli("init", "--input", "1xa", cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.strip() == ("rpx: error: --input: '1xa' is not a shape; write dimensions "
                                                           "separated by 'x', e.g. 1x128")
+
+
+def test_profile_names_results_for_the_model_file_and_never_replaces_another_models(tmp_path: Path) -> None:
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "model.py").write_text(
+            f"import torch\n\ndef build():\n    return torch.nn.Linear(8, {4 if folder == 'a' else 2})\n")
+    (tmp_path / "other.py").write_text("import torch\n\ndef build():\n    return torch.nn.Linear(8, 3)\n")
+    quick = ["--input", "1x8", "--stages", "count_params"]
+    first = rpx_cli("profile", "a/model.py:build", *quick, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "results: rpx-results/model.toml" in first.stdout  # named for the file, not for its generic `build`
+    other = rpx_cli("profile", "other.py:build", *quick, cwd=tmp_path)
+    assert other.returncode == 0 and "results: rpx-results/other.toml" in other.stdout
+    again = rpx_cli("profile", "a/model.py:build", *quick, cwd=tmp_path)  # the same model again: replaced
+    assert again.returncode == 0, again.stderr
+    clash = rpx_cli("profile", "b/model.py:build", *quick, cwd=tmp_path)  # another model.py: refused, nothing lost
+    assert clash.returncode == 2 and "Traceback" not in clash.stderr
+    assert "rpx-results/model.toml holds the results of another model (" in clash.stderr
+    assert "a/model.py:build); give -o FILE" in clash.stderr
+    kept = load_results(tmp_path / "rpx-results" / "model.toml")
+    assert kept.models[0].result("count_params").total == 8 * 4 + 4
+    moved = rpx_cli("profile", "b/model.py:build", *quick, "-o", "b.toml", cwd=tmp_path)
+    assert moved.returncode == 0 and load_results(tmp_path / "b.toml").models[0].result("count_params").total == 18
+
+
+def test_profile_errors_name_its_own_arguments(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text("import torch\n\ndef build():\n    return torch.nn.Linear(8, 4)\n")
+    cases = {("m.py:buildx", "--input", "1x8"): "rpx profile: MODEL: 'm.py:buildx': m.py defines no 'buildx'",
+             ("m.py", "--input", "1x8", "--precision", "bf61"): "rpx profile: --precision: expected one of",
+             ("m.py", "--input", "1x8", "--gpus", "H100"): "rpx profile: --gpus: GPU 'H100' could mean",
+             ("hf:./none", "--input", "1x8"): "rpx profile: MODEL: no such folder"}
+    for args, line in cases.items():
+        done = rpx_cli("profile", *args, cwd=tmp_path)
+        assert done.returncode == 2 and line in done.stderr and "models[0]" not in done.stderr, (args, done.stderr)

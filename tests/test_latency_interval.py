@@ -23,11 +23,11 @@ from rpx_core.registry.backends import MemoryPeak, Timer
 from rpx_core.results.records import ModelResult, StageRecord
 from rpx_core.results.summary import summarise
 from rpx_core.show import units
-from rpx_core.show.tables import interval_text
 from rpx_core.spec.schema import InputSpec, ModelSpec
 from rpx_core.types.latency import LatencyOptions
 from rpx_plugins import latency
 from rpx_plugins.stages import BUILTIN_STAGES
+from rpx_plugins.stages.latency import interval_text
 from rpx_plugins.torch.cpu import CpuBackend
 from tests.conftest import console_text
 

@@ -148,13 +148,16 @@ def test_validate_reports_source_problems_in_one_line_each_without_importing(tmp
         input_shape = [1, 8]
         config = { hidden_size = 8 }
     """)
-    done = rpx_cli("validate", str(path))
+    no_hub = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_CACHE": str(tmp_path / "empty")}  # refused at once
+    done = rpx_cli("validate", str(path), env=no_hub)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     expected = [
         "models[0].source: 'hff:gpt2': cannot find module 'hff' on the import path; did you mean the model source 'hf:'?",
         f"models[1].source: no such folder {str((tmp_path / 'no-such-folder').resolve())!r}",
         f"models[2].source: folder {str((tmp_path / 'empty').resolve())!r} has no config.json",
+        "models[3].source: 'gpt2' is not in the local Hugging Face cache and the hub (http://127.0.0.1:9) cannot be "
+        "reached from here: give a folder holding its config.json (hf:./folder)",
         "models[3].input_shape: hf: models take token ids of batch x sequence (e.g. 1x2048), got 1x3x8",
         "models[4].config: only named models (e.g. 'hf:gpt2') take configuration overrides",
     ]
@@ -350,3 +353,15 @@ def test_the_llama2_7b_spec_matches_the_published_size_and_rpx_own_llama(monkeyp
     assert hf_model.result("count_params").total == zoo_model.result("count_params").total == 6_738_415_616
     assert hf_model.result("count_flops").macs == zoo_model.result("count_flops").macs
     assert hf_model.notes.startswith("Llama-2-7B architecture")
+
+
+def test_a_hub_model_fails_fast_without_a_network(tmp_path: Path) -> None:
+    """No network and no cached config: one line within seconds, not the hub client's minute of retries."""
+    import time
+
+    env = {"HF_ENDPOINT": "https://10.255.255.1", "HF_HUB_CACHE": str(tmp_path / "empty")}  # nothing answers there
+    started = time.monotonic()
+    done = rpx_cli("profile", "hf:gpt2", "--input", "1x8", "-o", str(tmp_path / "r.toml"), env=env, cwd=tmp_path)
+    assert done.returncode == 2 and time.monotonic() - started < 15, done.stderr
+    assert "'gpt2' is not in the local Hugging Face cache and the hub (https://10.255.255.1) cannot be reached" \
+        in done.stderr and "hf:./folder" in done.stderr and "Traceback" not in done.stderr

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -323,3 +325,26 @@ def test_validate_refuses_a_precision_the_backend_cannot_execute_for_the_stages_
     on_device = write_spec('precision = "tf32"\nstages = ["count_flops"]\n[options.count_flops]\ncount_on = "device"\n'
                            + LINEAR_TOML, name="d.toml")
     assert "which stage 'count_flops' needs" in rpx_cli("validate", str(on_device)).stderr
+
+
+def test_display_code_names_no_builtin_stage():
+    """rpx_core/show and the commands draw what the stage declarations give them: a string equal to a built-in
+    stage's name there would be display code that knows a built-in stage."""
+    from rpx_plugins.stages import BUILTIN_STAGES
+
+    names = {stage.name for stage in BUILTIN_STAGES}
+    found = []
+    for folder in ("show", "commands"):
+        for path in (REPO / "rpx_core" / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}")
+    assert found == []
+
+
+def test_importing_the_public_surface_imports_no_plugin():
+    code = ("import sys, rpx_core.plugin; "
+            "print(sorted(m for m in sys.modules if m.startswith('rpx_plugins') or m in ('torch', 'jax')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

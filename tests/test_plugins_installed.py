@@ -171,3 +171,37 @@ def test_a_choice_must_name_a_plugin_that_registers_the_name():
     spec = spec_from_dict({"models": [MODEL], "stages": ["count_params"], "choose": {"backends": {"cpu": "nobody"}}})
     with pytest.raises(SpecError, match="choose.backends.cpu: 'nobody' does not register backend 'cpu'; it is registered by 'cpu'"):
         run_spec(spec, plugins=Plugins.load(), output=None)
+
+
+def test_a_plugin_stage_gets_its_table_in_show_the_report_and_compare(with_example, tmp_path, capsys):
+    """The example plugin declares its stage's table and compare figure through the public surface only; every
+    display surface draws them, with no change to rpx (the commands run in this process, the plugin found by its
+    entry point on the import path)."""
+    from rpx_core.cli import main
+
+    def rpx(*args: str) -> str:
+        assert main(list(args)) == 0
+        return capsys.readouterr().out
+
+    spec = tmp_path / "w.toml"
+    spec.write_text('stages = ["weights_report"]\n[options.weights_report]\nunit = "MB"\n[[models]]\nname = "lin"\n'
+                    'source = "torch.nn:Linear"\nkwargs = { in_features = 16, out_features = 8 }\n'
+                    'inputs = [{ shape = [1, 16] }]\n')
+    weights = (16 * 8 + 8) * 4 / 1e6  # fp32 weights and bias in MB, by hand
+    ended = rpx("run", str(spec), "-o", str(tmp_path / "a.toml"), "--isolation", "in-process")
+    assert "Weight memory" in ended and f"{weights:.3g}" in ended  # the end of rpx run
+    for fmt in ("table", "markdown"):
+        shown = rpx("show", str(tmp_path / "a.toml"), "--format", fmt)
+        assert "Weight memory" in shown and f"{weights:.3g}" in shown
+    csv_text = rpx("show", str(tmp_path / "a.toml"), "--format", "csv", "--table", "weights")
+    assert csv_text.splitlines()[0] == "model,precision,weights,unit" and f",{weights}," in csv_text
+    data = json.loads(rpx("show", str(tmp_path / "a.toml"), "--format", "json"))
+    assert data["tables"]["weights"]["rows"] == [["lin", "fp32", weights, "MB"]]
+    rpx("report", str(tmp_path / "a.toml"), "-o", str(tmp_path / "r.html"))
+    assert "Weight memory" in (tmp_path / "r.html").read_text()
+    spec.write_text(spec.read_text().replace('unit = "MB"', 'unit = "MiB"'))
+    rpx("run", str(spec), "-o", str(tmp_path / "b.toml"), "--isolation", "in-process")
+    compared = rpx("compare", str(tmp_path / "a.toml"), str(tmp_path / "b.toml"))
+    row = next(line for line in compared.splitlines() if "weight bytes" in line)
+    assert "same" in row  # 0.544 MB and 0.519 MiB are the same bytes
+    assert "Weight memory" not in rpx("show", str(tmp_path / "a.toml"), "--disable", "example")  # no plugin, no table

@@ -89,3 +89,42 @@ def test_the_layout_names_every_folder_of_the_tree():
     assert [str(path.relative_to(REPO)) for path in tree if path.resolve() not in named] == []
     public = ["plugin.py", "registry/hookspecs.py", "registry/stages.py", "testing.py"]
     assert all((REPO / "rpx_core" / name).resolve() in named for name in public)
+
+
+def test_the_first_command_describes_what_the_default_spec_runs():
+    """The newcomer's first command says what the default spec does: every tier it runs, measured latency included."""
+    import tomllib
+
+    stages = tomllib.loads((REPO / "specs" / "default.toml").read_text())["stages"]
+    sentence = readme_section("## Two commands").split("```")[0]
+    assert ("measured latency" in sentence) == ("measure_latency" in stages)
+    assert ("rooflines" in sentence) == ("roofline" in stages) and "system card" in sentence
+
+
+def test_the_show_example_is_what_rpx_prints():
+    """The `rpx show` block under "Reading results" is the command's real output for the file it names."""
+    from rpx_core.commands.show import show_text
+    from tests.conftest import builtin_stages
+
+    block = readme_section("## Reading results").split("```text\n")[1].split("```")[0]
+    command, _, shown = block.partition("\n")
+    assert command == "$ rpx show tests/data/run_a_results.toml"
+    from rpx_core.api import load_results
+
+    run = load_results(REPO / "tests" / "data" / "run_a_results.toml")
+    assert shown == show_text(run, builtin_stages(), "table")
+
+
+def test_every_column_the_conventions_name_is_a_column_rpx_prints():
+    """"column `X`" in the README names a column title rpx really prints."""
+    from rpx_core.api import load_results
+    from rpx_core.show import tables as views
+    from tests.conftest import builtin_stages
+
+    stages = builtin_stages()
+    titles = {title for name in ("run_a", "batch")
+              for table in views.tables(load_results(REPO / "tests" / "data" / f"{name}_results.toml"), stages,
+                                        views.views(stages))
+              for title in table.titles}
+    named = re.findall(r"column `([^`]+)`", README.read_text())
+    assert named and [name for name in named if name not in titles] == []

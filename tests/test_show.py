@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,19 @@ from pathlib import Path
 import pytest
 
 from rpx_core.api import load_results
-from rpx_core.commands.show import show_text
+from rpx_core.commands.show import show_text as show_with
+from rpx_core.errors import RpxError
 from rpx_core.show import tables as views
 from rpx_core.show import units
+from rpx_plugins.stages import batch_search, counts
+from rpx_plugins.stages import latency as latency_views
+from tests.conftest import builtin_stages
+
+STAGES = builtin_stages()
+
+
+def show_text(run, fmt, names=None):
+    return show_with(run, STAGES, fmt, names)
 
 DATA = Path(__file__).parent / "data"
 RUN_A, BATCH = DATA / "run_a_results.toml", DATA / "batch_results.toml"
@@ -32,10 +43,10 @@ def batch():
 
 
 def test_tier1_cells_are_the_files_figures_in_human_units(run_a):
-    table = views.tier1(run_a)
+    table = counts.tier1(run_a)
     flops = run_a.model("tiny-cnn").result("count_flops")
     row = next(row for row in table.rows if row[0].value == "tiny-cnn")
-    cell = row[table.columns.index("FLOPs")]
+    cell = row[table.titles.index("FLOPs")]
     assert cell.value == flops.total_flops
     # independently: MFLOP is 1e6 FLOPs, three significant digits
     assert cell.text == f"{float(f'{flops.total_flops / 1e6:.3g}'):.2f} MFLOP"
@@ -54,11 +65,11 @@ def test_terminal_shows_every_default_table_and_the_system_footer(run_a):
 def test_markdown_has_one_pipe_table_per_table(run_a):
     text = show_text(run_a, "markdown")
     headings = [line for line in text.splitlines() if line.startswith("### ")]
-    assert len(headings) == len(views.tables(run_a))
+    assert len(headings) == len(views.tables(run_a, STAGES))
     tier1 = text.split("### Tier 1")[1].split("###")[0]
     rows = [line for line in tier1.splitlines() if line.startswith("|")]
     assert len(rows) == 2 + len(run_a.models)  # header, alignment row, one per model
-    assert rows[1].count("---") == len(views.tier1(run_a).columns)
+    assert rows[1].count("---") == len(counts.tier1(run_a).columns)
 
 
 def test_csv_is_the_flat_summary_with_raw_values(run_a):
@@ -77,13 +88,13 @@ def test_json_carries_raw_values_of_every_table(run_a):
     column = tier1["columns"].index("params")
     assert [row[column] for row in tier1["rows"]] == [m.result("count_params").total for m in run_a.models]
     latency = data["tables"]["latency"]
-    p50 = latency["columns"].index("p50 ms")
+    p50 = latency["columns"].index("p50 [ms]")
     assert latency["rows"][0][p50] == run_a.models[0].result("measure_latency").p50_ms
 
 
 def test_batch_search_table_marks_the_choice_and_the_failures(batch):
     result = batch.run_stages["batch_search"].result
-    table = views.batch_search(batch)
+    table = batch_search.trials_table(batch)
     assert len(table.rows) == len(result.trials)
     chosen = [row for row in table.rows if row[0].text.endswith("*")]
     assert [row[0].value for row in chosen] == [result.chosen_trial]
@@ -96,25 +107,27 @@ def test_noisy_and_thin_latency_is_marked(run_a):
     import attrs
 
     latency = run_a.models[0].result("measure_latency")
-    assert views.latency_marks(attrs.evolve(latency, verdict="noisy")) == views.NOISY
-    assert views.latency_marks(attrs.evolve(latency, verdict="too_few_samples")) == views.PARTIAL
-    assert views.latency_marks(attrs.evolve(latency, verdict="stable")) == ""
+    assert latency_views.latency_marks(attrs.evolve(latency, verdict="noisy")) == latency_views.NOISY
+    assert latency_views.latency_marks(attrs.evolve(latency, verdict="too_few_samples")) == latency_views.PARTIAL
+    assert latency_views.latency_marks(attrs.evolve(latency, verdict="stable")) == ""
     # a file older than verdicts: judged by its spread warning and where sampling stopped
-    assert views.latency_marks({"noisy_warning": "noisy machine", "stopped_by": "max_seconds"}) == "~!"
-    assert views.latency_marks({"stopped_by": "min_samples"}) == ""
-    assert views.interval_text({"p50_interval_ms": [0.5, 0.52], "interval_confidence": 0.95}) == "500 µs – 520 µs (95%)"
+    assert latency_views.latency_marks({"noisy_warning": "noisy machine", "stopped_by": "max_seconds"}) == "~!"
+    assert latency_views.latency_marks({"stopped_by": "min_samples"}) == ""
+    assert latency_views.interval_text({"p50_interval_ms": [0.5, 0.52], "interval_confidence": 0.95}) == "500 µs – 520 µs (95%)"
     # the table shows the mark on the p50 and the verdict in words
     thin = attrs.evolve(run_a, models=(attrs.evolve(run_a.models[0], stages={
         **run_a.models[0].stages, "measure_latency": attrs.evolve(run_a.models[0].stages["measure_latency"],
                                                                    result=attrs.evolve(latency, verdict="too_few_samples"))}),))
-    row = views.latency(thin).rows[0]
-    assert row[1].text.endswith(views.PARTIAL) and row[8].text == "too_few_samples"
+    row = latency_views.latency_table(thin).rows[0]
+    assert row[1].text.endswith(latency_views.PARTIAL) and row[8].text == "too_few_samples"
 
 
-def test_the_cli_offers_every_table():
-    from rpx_core.commands.show import TABLES
+def test_the_cli_help_names_every_builtin_table():
+    from rpx_core.cli import build_parser
 
-    assert TABLES == tuple(views.BUILDERS)
+    show = build_parser()._subparsers._group_actions[0].choices["show"]
+    help_text = next(action.help for action in show._actions if action.dest == "table")
+    assert all(name in help_text for name in views.views(STAGES))
 
 
 def test_cli_show_and_its_errors(tmp_path):
@@ -130,3 +143,58 @@ def test_cli_show_and_its_errors(tmp_path):
     foreign = subprocess.run([sys.executable, "-m", "rpx_core.cli", "show", str(bad)], capture_output=True, text=True,
                              timeout=120)
     assert foreign.returncode == 2 and "Traceback" not in foreign.stderr, foreign.stderr
+
+
+def test_a_spec_given_where_results_are_expected_is_named_as_a_spec():
+    spec = DATA / "batch.toml"
+    for command in (["show", str(spec)], ["plot", str(spec), "--kind", "batch", "-o", "x.png"],
+                    ["compare", str(spec), str(BATCH)], ["report", str(spec), "-o", "x.html"]):
+        done = subprocess.run([sys.executable, "-m", "rpx_core.cli", *command], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, command
+        assert f"{spec}: this is a spec (its [[models]] name sources), not a results file: run it with `rpx run " \
+            in done.stderr, (command, done.stderr)
+
+
+#: A unit a header may end with (a word of its own): if it does, every cell must show that unit or a bare number.
+HEADER_UNIT = re.compile(r"(?:^|\s)(ns|µs|ms|s|B|kB|MB|GB|TB|bytes|%|FLOP/s|TFLOP/s|FLOP/B|samples/s|frames/s|fps)$")
+BARE_NUMBER = re.compile(r"[-+]?\d[\d.,]*( ?[kMGT])?")
+
+
+def markdown_tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
+    """(headers, rows of cell texts) of every pipe table."""
+    found = []
+    for block in text.split("### ")[1:]:
+        lines = [line for line in block.splitlines() if line.startswith("|")]
+        split = [[cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines]
+        found.append((split[0], split[2:]))
+    return found
+
+
+@pytest.mark.parametrize("source", [RUN_A, BATCH])
+def test_no_header_unit_contradicts_a_cell_in_any_format(source):
+    run = load_results(source)
+    every = list(views.views(STAGES))
+    markdown = markdown_tables(show_text(run, "markdown", every))
+    assert len(markdown) == len(views.tables(run, STAGES, every)) >= 1
+    for headers, rows in markdown:
+        for index, header in enumerate(headers):
+            unit = HEADER_UNIT.search(header)
+            for row in rows:
+                cell = row[index]
+                if unit and cell != "-":
+                    assert BARE_NUMBER.fullmatch(cell) or cell.endswith(f" {unit.group(1)}"), (header, cell)
+    terminal = show_text(run, "table", every)
+    assert all(header in terminal for headers, _ in markdown for header in headers)
+    data = json.loads(show_text(run, "json", every))
+    for name, table in data["tables"].items():  # raw values: a column with a unit holds numbers only
+        for index, column in enumerate(table["columns"]):
+            if column.endswith("]"):
+                values = [row[index] for row in table["rows"] if row[index] is not None]
+                assert all(isinstance(value, (int, float)) or isinstance(value, list) for value in values), column
+    for name in every:
+        try:
+            rows = list(csv.reader(io.StringIO(show_text(run, "csv", [name]))))
+        except RpxError:
+            continue  # no figures for that table in this file
+        assert rows[0] == data["tables"][name]["columns"]

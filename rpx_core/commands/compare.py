@@ -15,14 +15,15 @@ def register(command: Any) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from rpx_core.commands.common import load_results as load
+    from rpx_core.commands.common import declared_stages, load_plugins, load_results
     from rpx_core.errors import RpxError
     from rpx_core.show import formats as render
     from rpx_core.show.compare import compare
 
     if len(args.results) < 2:
         raise RpxError("rpx compare needs at least two results files")
-    table = compare([(path, load(path)) for path in args.results])
+    plugins = load_plugins(args, tolerant=True)
+    table = compare([(path, load_results(path, plugins)) for path in args.results], declared_stages(plugins))
     if args.format == "markdown":
         print(render.markdown([table], []), end="")
     elif args.format == "json":

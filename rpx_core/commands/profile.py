@@ -28,7 +28,62 @@ def comma_list(text: str | None) -> tuple[str, ...]:
     return tuple(part.strip() for part in (text or "").split(",") if part.strip())
 
 
+#: Spec key paths of the spec ``rpx profile`` builds, and the argument each came from (errors name the argument).
+ARGUMENTS = (("models[0].source", "MODEL"), ("models[0].input_shape", "--input"), ("models[0].inputs", "--input"),
+             ("gpus", "--gpus"), ("precision", "--precision"), ("stages", "--stages"), ("backend", "--backend"),
+             ("output", "-o"), ("models[0]", "MODEL"))
+
+
+def in_own_terms(message: str) -> str:
+    """``message`` with the key paths of the built spec replaced by the ``rpx profile`` arguments they came from."""
+    import re
+
+    def rename(match: re.Match[str]) -> str:
+        path = match.group(1)
+        for key, argument in ARGUMENTS:
+            if path == key or path.startswith((f"{key}.", f"{key}[")):
+                return f"rpx profile: {argument}: "
+        return match.group(0)
+
+    return re.sub(r"rpx profile: ([A-Za-z_][\w.\[\]]*): ", rename, message)
+
+
+def _identity(source: str) -> str:
+    """A model source with its file resolved, so a relative and an absolute path to one file are one model."""
+    module, colon, attr = source.rpartition(":")
+    return f"{Path(module).resolve()}:{attr}" if colon and module.endswith(".py") else source
+
+
+def refuse_other_models_results(output: Path, source: str) -> None:
+    """The default results file is named for the model; if it already holds another model's results (another file's
+    ``:build``, say), say so instead of replacing them."""
+    from rpx_core.errors import RpxError
+    from rpx_core.results.serialise import load
+
+    if not output.exists():
+        return
+    try:
+        sources = {model.source for model in load(output).models}
+    except RpxError:
+        sources = {"?"}
+    if sources and {_identity(held) for held in sources} != {_identity(source)}:
+        held = ", ".join(sorted(sources)) if sources != {"?"} else "something that is not rpx results"
+        raise RpxError(f"{output} holds the results of another model ({held}); give -o FILE to write this "
+                       "profile elsewhere, or remove that file")
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
+    """Profile one model; errors speak of the command's own arguments, not of the spec it builds."""
+    from rpx_core.errors import RpxError
+
+    try:
+        return profile(args)
+    except RpxError as error:
+        error.args = (in_own_terms(str(error)),)
+        raise
+
+
+def profile(args: argparse.Namespace) -> int:
     from rpx_core.api import run_spec
     from rpx_core.commands.common import load_plugins
     from rpx_core.exit_codes import ExitCode
@@ -50,9 +105,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
         atomic_write(saved, render(relocate(data, saved.parent)))
         print(f"spec: {saved}")
     output = spec.output_path()
+    if not args.output:
+        refuse_other_models_results(output, spec.models[0].source)
     with RunConsole(choose_mode(quiet=False, events=None)) as console:
         result = run_spec(spec, output=output, plugins=plugins, stages=stages, observer=console, where="rpx profile")
-    print_tables(result)
+    print_tables(result, plugins.stages(spec.choose).in_load_order())
     print(f"results: {output}")
     return ExitCode.OK if result.ok else ExitCode.FAILED
 

@@ -15,7 +15,7 @@ def register(command: Any) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rpx_core.commands.common import load_results as load
+    from rpx_core.commands.common import declared_stages, load_plugins, load_results
     from rpx_core.errors import RpxError
     from rpx_core.results.safe_write import atomic_write
     from rpx_core.show import report
@@ -23,7 +23,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     output = Path(args.output)
     if output.suffix.lower() not in (".html", ".htm"):
         raise RpxError(f"{output}: the report file must end in .html")
-    html = report.render([(path, load(path)) for path in args.results])
+    plugins = load_plugins(args, tolerant=True)
+    html = report.render([(path, load_results(path, plugins)) for path in args.results], declared_stages(plugins))
     atomic_write(output, html)
     print(f"report: {output}")
     return 0

@@ -5,7 +5,7 @@ objects. A name two plugins register (a backend, a GPU, a stage) is an error onl
 name, and the spec's ``[choose]`` table settles it.
 
 **Stage hooks** are not written here: every :class:`rpx_core.registry.stages.Stage` a plugin declares (the built-in ones in
-``rpx_plugins/stages.py``) gets the hook ``rpx_<stage name>(ctx)``. It receives a
+``rpx_plugins/stages/``) gets the hook ``rpx_<stage name>(ctx)``. It receives a
 :class:`rpx_core.execution.context.StageContext` (a RunContext for run-scoped stages) and *stops at the first non-None
 result*: a plugin that handles only some backends returns None for the others (check ``ctx.backend.name``). Plugins
 are asked third-party first, in alphabetical order of their entry-point names, and built-ins last (they are

@@ -154,6 +154,15 @@ class Registry(Generic[T]):
         """Every name with exactly one usable registration (for listings)."""
         return {name: self[name] for name in self if name not in self.clashes()}
 
+    def in_load_order(self) -> dict[str, T]:
+        """Every name with one usable registration, plugins in the order they were loaded (built-ins first), each
+        plugin's names in the order it returned them: the order tables and figures are shown in."""
+        usable = [name for name in self.candidates if name not in self.clashes()]
+        by_plugin: dict[str, list[str]] = {}
+        for name in usable:
+            by_plugin.setdefault(self.provider(name), []).append(name)
+        return {name: self[name] for names in reversed(by_plugin.values()) for name in names}
+
 
 class Plugins:
     """The loaded plugin set of one rpx process."""

@@ -3,13 +3,15 @@
 A plugin returns :class:`Stage` declarations from ``rpx_register_stages``. The engine derives everything else from them:
 the stage's hook (``rpx_<name>(ctx)``, first non-None result wins, so any plugin can answer it for the backends it
 chooses), dependency order, option checking with key paths, the result type that results are checked against and
-reloaded as, the flat summary fields, and the spec checks that ``rpx validate`` runs. Built-in stages are declared
-exactly like third-party ones (``rpx_plugins/stages.py``).
+reloaded as, the flat summary fields, the spec checks that ``rpx validate`` runs, and how the stage's results are
+shown: its tables (``rpx show``, the report, the end of ``rpx run``), the figures ``rpx compare`` and sweep charts read,
+and its charts. Built-in stages are declared exactly like third-party ones (``rpx_plugins/stages/``); the display code
+in ``rpx_core/show`` knows no stage by name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -23,10 +25,29 @@ Summary = Callable[[Any, Mapping[str, Any]], Mapping[str, float | str]]
 Check = Callable[[Any, Any], Iterable[str]]
 #: ``executes(options)`` -> whether the stage runs the model on the backend at the run's precision.
 Executes = Callable[[Any], bool]
+#: ``figures(models)`` -> the comparable figures (rpx_core.show.compare.Figure) any of ``models`` (one model's results
+#: in each of several files) has: what ``rpx compare`` puts side by side and sweep charts draw.
+Figures = Callable[[Sequence[Any]], Iterable[Any]]
+#: ``traits(run, model)`` -> the facts this stage's figures depend on, by name ("counting convention": ...): two files
+#: whose traits differ are not compared on the figures that depend on them.
+Traits = Callable[[Any, Any], Mapping[str, Any]]
+#: ``footer(run)`` -> lines under all the tables about the whole run (the system card's machine line).
+Footer = Callable[[Any], Iterable[str]]
 
 
 def _never(options: Any) -> bool:
     return False
+
+
+def _always(options: Any) -> bool:
+    return True
+
+
+def _executes(value: Executes | bool) -> Executes:
+    """``executes=True``/``False`` for a stage that always / never runs the model, whatever its options."""
+    if isinstance(value, bool):
+        return _always if value else _never
+    return value
 
 
 def _no_check(spec: Any, options: Any) -> Iterable[str]:
@@ -52,12 +73,16 @@ class Stage:
       types are errors with the key path); None: the stage takes no options.
     * ``scope``: "model" (once per model, ``ctx`` is a StageContext) or "run" (once per spec after every model,
       ``ctx`` is a RunContext with one StageContext per model).
-    * ``executes``: whether, with the given options, the stage runs the model on the backend; ``rpx validate`` then
-      refuses a precision the backend cannot execute.
+    * ``executes``: whether, with the given options, the stage runs the model on the backend (a function of the
+      options, or True/False); ``rpx validate`` then refuses a precision the backend cannot execute.
     * ``measures``: whether the stage times the machine it runs on (latency, memory under load); a job with such a
       stage runs alone on its machine (the local executor runs it by itself, a cluster gives it a whole GPU).
     * ``check``: spec problems this stage can see before anything runs (e.g. the roofline needs GPUs).
     * ``summary``: the flat fields this stage's result adds to its model's ``summary`` table.
+    * ``tables``: :class:`rpx_core.show.tables.TableView` objects, each building one table from a results file.
+    * ``figures``: its comparable figures (:class:`rpx_core.show.compare.Figure`), and ``traits``, the facts they
+      depend on (see the aliases above); ``charts``: :class:`rpx_core.show.charts.ChartView` objects (``rpx plot
+      --kind NAME``, the report); ``footer``: lines about the whole run.
     * ``doc``: what the hook receives and returns, for ``rpx plugins --hooks`` and the plugin guide.
     """
 
@@ -67,10 +92,15 @@ class Stage:
     needs: tuple[str, ...] = ()
     options: type | None = None
     scope: Literal["model", "run"] = attrs.field(default="model", validator=attrs.validators.in_(("model", "run")))
-    executes: Executes = _never
+    executes: Executes = attrs.field(default=_never, converter=_executes)
     measures: bool = False
     check: Check = _no_check
     summary: Summary = _no_summary
+    tables: tuple[Any, ...] = ()
+    figures: Figures | None = None
+    traits: Traits | None = None
+    charts: tuple[Any, ...] = ()
+    footer: Footer | None = None
     doc: str = ""
 
     @property

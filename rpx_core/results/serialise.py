@@ -136,6 +136,9 @@ def loads(text: str, fmt: Literal["toml", "json"] = "toml", *, where: str = "<re
     except RecursionError:
         raise RpxError(f"{where}: not a valid {fmt.upper()} results file: nested too deeply") from None
     version = data.get("schema_version") if isinstance(data, dict) else None
+    if version is None and _looks_like_a_spec(data):
+        raise RpxError(f"{where}: this is a spec (its [[models]] name sources), not a results file: run it with "
+                       f"`rpx run {where}` and give the results file it writes (the spec's `output`)")
     if version != SCHEMA_VERSION:
         raise RpxError(f"{where}: results schema_version {version!r} is not supported by this rpx (reads {SCHEMA_VERSION})")
     try:
@@ -144,6 +147,13 @@ def loads(text: str, fmt: Literal["toml", "json"] = "toml", *, where: str = "<re
         lines = describe_errors(exc)
         raise RpxError(f"{where}: not an rpx results file: {lines[0]}" + _more(lines)) from None
     return typed(run, result_types or {}, where=where)
+
+
+def _looks_like_a_spec(data: Any) -> bool:
+    """A spec's data: models that name their ``source`` (results files record models with stages instead)."""
+    models = data.get("models") if isinstance(data, dict) else None
+    return isinstance(models, list) and any(isinstance(model, dict) and "source" in model and "stages" not in model
+                                            for model in models)
 
 
 def load(path: str | Path, result_types: Mapping[str, type | None] | None = None) -> RunResult:

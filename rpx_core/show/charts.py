@@ -1,27 +1,34 @@
-"""Charts of a results file with matplotlib (the optional extra ``rpx[plot]``): the roofline and the batch search.
+"""Charts of a results file with matplotlib (the optional extra ``rpx[plot]``).
 
-* Roofline: attainable FLOP/s = min(peak, bandwidth x intensity) against arithmetic intensity (FLOP/B), log-log, one
-  roof per GPU at the run's precision (the peaks and bandwidths the roofline stage used). The model sits at its fused
-  (lower-bound traffic) and unfused (upper-bound) intensity on each roof; the top operators of the first GPU at their
-  own intensity, coloured by bottleneck; a measured point (FLOPs / measured p50) where latency was measured.
-* Batch search: each stage's frames/s and the trial's memory against the stage's batch size (one point per trial),
-  the budget as a line, failed trials marked x, the chosen trial circled.
+Which charts exist is not known here: a stage declares its own (``Stage.charts``: :class:`ChartView` objects), and
+``rpx plot --kind NAME`` and the report draw them. This module holds what every chart shares: importing matplotlib
+lazily (headless), the label text drawn from data (never parsed as markup), and writing PNG, SVG or inline SVG.
 """
 
 from __future__ import annotations
 
 import io
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rpx_core.errors import RpxError
-from rpx_core.show.tables import ok_result
+import attrs
 
-KINDS = ("roofline", "batch")
-COLOURS = {"compute": "tab:blue", "memory": "tab:orange"}
+from rpx_core.errors import RpxError
+
+
+@attrs.frozen
+class ChartView:
+    """A chart a stage declares: ``draw(run)`` returns a matplotlib figure, or raises RpxError saying what the file
+    lacks for it (the report then leaves it out). ``name`` is ``rpx plot --kind NAME``; ``title`` heads it."""
+
+    name: str
+    title: str
+    draw: Callable[[Any], Any]
 
 
 def pyplot() -> Any:
+    """matplotlib's pyplot on a file-only backend, or one line saying how to install it."""
     try:
         import matplotlib
     except ImportError:
@@ -32,124 +39,51 @@ def pyplot() -> Any:
     return plt
 
 
-def roofline_figure(run: Any) -> Any:
-    """One panel per model that has a roofline."""
-    plt = pyplot()
-    models = [model for model in run.models if ok_result(model, "roofline") and ok_result(model, "estimate_traffic")]
-    if not models:
-        raise RpxError("the results file has no roofline (run the roofline stage) to plot")
-    figure, axes = plt.subplots(1, len(models), figsize=(6.4 * len(models), 6.4), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        _roofline_panel(ax, model)
-    figure.tight_layout()
-    return figure
+def chart_views(stages: Mapping[str, Any]) -> dict[str, ChartView]:
+    """Every chart the stages declare, by name, in the stages' order, then the sweep chart."""
+    from rpx_core.show.sweeps import sweep_views
+
+    found: dict[str, ChartView] = {}
+    for stage in stages.values():
+        for view in stage.charts:
+            found.setdefault(view.name, view)
+    found.setdefault("sweep", sweep_views(stages)[1])
+    return found
 
 
-def _roofline_panel(ax: Any, model: Any) -> None:
-    roof, traffic, flops = (ok_result(model, s) for s in ("roofline", "estimate_traffic", "count_flops"))
-    total = flops.total_flops
-    fused = total / traffic.fused_bytes if traffic.fused_bytes else None
-    unfused = total / traffic.unfused_bytes if traffic.unfused_bytes else None
-    points = [x for x in (fused, unfused) if x]
-    bounds = [(gpu, by[model.precision]) for gpu, by in roof.gpus.items() if model.precision in by]
-    if not bounds:
-        raise RpxError(f"model {model.name!r} has no roofline at its precision {model.precision}")
-    operators = _operator_points(bounds[0][1], traffic)
-    everything = [*points, *(bound.machine_balance for _, bound in bounds), *(x for _, x in operators)]
-    low, high = min(everything) / 4, max(everything) * 20
-    xs = [low * (high / low) ** (i / 200) for i in range(201)]
-    for index, (gpu, bound) in enumerate(bounds):
-        colour = f"C{index + 2}"
-        peak, bandwidth = bound.peak_tflops * 1e12, bound.bandwidth_gb_s * 1e9
-        ax.plot(xs, [min(peak, bandwidth * x) for x in xs], color=colour, linewidth=1.5, label=f"{gpu} {model.precision}")
-        for x, marker, what in ((fused, "o", "fused"), (unfused, "s", "unfused")):
-            if x:
-                ax.plot([x], [min(peak, bandwidth * x)], marker=marker, color=colour, markersize=7,
-                        markerfacecolor="white" if what == "unfused" else colour, linestyle="none")
-    _top_operators(ax, bounds[0][1], operators)
-    latency = ok_result(model, "measure_latency")
-    if latency is not None and fused:
-        ax.plot([fused], [total / (latency.p50_ms / 1e3)], marker="*", color="black", markersize=12,
-                linestyle="none", label=f"measured on {model.device} (p50)")
-    ax.plot([], [], "o", color="gray", label="model, fused traffic")
-    ax.plot([], [], "s", color="gray", markerfacecolor="white", label="model, unfused traffic")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-    ax.set_ylabel("attainable FLOP/s")
-    ax.set_title(f"{model.name} ({model.precision})")
-    ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # below: never over a point
+#: Colours by kind ("gpu", "model") and name, assigned once per process: a GPU has one colour on every chart.
+_COLOURS: dict[str, dict[str, str]] = {}
+PALETTE = tuple(f"C{index}" for index in range(10))
 
 
-def _operator_points(bound: Any, traffic: Any) -> list[tuple[str, float]]:
-    """(operator, intensity over all its calls) of the top operators of ``bound``."""
-    points = []
-    for op in dict.fromkeys(top.op for top in bound.top_operators):
-        group = [record for record in traffic.op_records if record.op == op]
-        flops = sum(r.flops * r.count for r in group)
-        moved = sum((r.bytes_read + r.bytes_written) * r.count for r in group)
-        if flops and moved:
-            points.append((op, flops / moved))
-    return points
+def assign_colours(kind: str, names: Iterable[str]) -> None:
+    """Give ``names`` their colours in sorted order (a report does this for every GPU and model of its files first,
+    so the colours do not depend on which chart is drawn first)."""
+    for name in sorted(set(names)):
+        colour(kind, name)
 
 
-def _top_operators(ax: Any, bound: Any, points: list[tuple[str, float]]) -> None:
-    """The first GPU's top operators at their own intensity, on that GPU's roof, coloured by bottleneck."""
-    peak, bandwidth = bound.peak_tflops * 1e12, bound.bandwidth_gb_s * 1e9
-    seen = set()
-    for op, x in points:
-        bottleneck = "compute" if x >= bound.machine_balance else "memory"
-        label = f"operator on {bound.gpu}, {bottleneck}-bound" if bottleneck not in seen else None
-        seen.add(bottleneck)
-        y = min(peak, bandwidth * x)
-        ax.plot([x], [y], marker="^", color=COLOURS[bottleneck], markersize=6, linestyle="none", label=label)
-        ax.annotate(op.removeprefix("aten."), (x, y), fontsize=6, alpha=0.8, xytext=(3, -9), textcoords="offset points")
+def colour(kind: str, name: str) -> str:
+    """The colour of ``name`` (a GPU, a model) on every chart of this process: the next free one at first use."""
+    taken = _COLOURS.setdefault(kind, {})
+    if name not in taken:
+        taken[name] = PALETTE[len(taken) % len(PALETTE)]
+    return taken[name]
 
 
-def batch_figure(run: Any) -> Any:
-    """Throughput (top) and memory (bottom) against batch size, one line per pipeline stage."""
-    plt = pyplot()
-    record = run.run_stages.get("batch_search")
-    if record is None or record.status != "ok":
-        raise RpxError("the results file has no batch search (run the batch_search stage) to plot")
-    result = record.result
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(7.2, 6.4), sharex=True)
-    for index, stage in enumerate(result.stages):
-        colour = f"C{index}"
-        good = sorted((t.batch_sizes[index], t.stages[index].frames_per_second, t.used_bytes) for t in result.trials
-                      if t.ok and t.stages[index].frames_per_second is not None)
-        # points, not lines: a stage meets one batch size in several trials (the other stages' sizes differ)
-        top.plot([g[0] for g in good], [g[1] for g in good], "o", color=colour, label=f"{stage.name} frames/s")
-        measured = [g for g in good if g[2] is not None]
-        bottom.plot([g[0] for g in measured], [g[2] / 1e6 for g in measured], "o", color=colour, label=f"{stage.name}")
-        failed = [(t.batch_sizes[index], t.used_bytes) for t in result.trials if not t.ok]
-        if failed:
-            bottom.plot([f[0] for f in failed], [(f[1] or result.usable_bytes) / 1e6 for f in failed], "x",
-                        color=colour, markersize=8, label=f"{stage.name} failed (oom / over budget)")
-        if result.chosen_trial is not None:
-            chosen = result.trials[result.chosen_trial]
-            for ax, y in ((top, chosen.stages[index].frames_per_second), (bottom, (chosen.used_bytes or 0) / 1e6)):
-                ax.plot([chosen.batch_sizes[index]], [y], "o", markersize=14, markerfacecolor="none",
-                        markeredgecolor="black", markeredgewidth=2)
-    bottom.axhline(result.usable_bytes / 1e6, color="red", linestyle="--", label="usable budget")
-    if result.chosen_trial is not None:
-        top.plot([], [], "o", markerfacecolor="none", markeredgecolor="black", markersize=10,
-                 label=f"chosen (trial {result.chosen_trial})")
-    top.set_ylabel("frames/s")
-    bottom.set_ylabel("memory used (MB)")
-    bottom.set_xlabel("batch size of the stage")
-    for ax in (top, bottom):
-        ax.set_xscale("log", base=2)
-        ax.grid(True, alpha=0.25)
-        ax.legend(fontsize=7)
-    top.set_title("batch search")
-    figure.tight_layout()
-    return figure
+def plain(text: str) -> str:
+    """``text`` as matplotlib draws it literally: a name from data is never read as mathtext (``$1_$2``)."""
+    return text.replace("$", r"\$")
 
 
-def figure_for(run: Any, kind: str) -> Any:
-    return roofline_figure(run) if kind == "roofline" else batch_figure(run)
+def figure_for(run: Any, kind: str, stages: Mapping[str, Any]) -> Any:
+    """The chart ``kind`` of ``run``; an unknown kind is one line naming the known ones."""
+    views = chart_views(stages)
+    if kind not in views:
+        from rpx_core.errors import did_you_mean
+
+        raise RpxError(f"no chart kind {kind!r}{did_you_mean(kind, views)}; the stages declare: {', '.join(views)}")
+    return views[kind].draw(run)
 
 
 def save(figure: Any, path: Path) -> None:

@@ -75,6 +75,12 @@ class RunConsole:
             self._live.stop()
             self._live = None
 
+    def note(self, text: str) -> None:
+        """A line about what the run is doing before any stage starts (human modes only): a terminal is never left
+        blank while the spec is checked and the workers import the framework."""
+        if self.mode in ("live", "plain"):
+            print(f"rpx: {text}", file=self.err, flush=True)
+
     # -- events ------------------------------------------------------------------------------------------------------
 
     def __call__(self, model: str, event: Started | Finished | Progress) -> None:
@@ -143,12 +149,13 @@ class RunConsole:
         print(json.dumps(data), file=self.out, flush=True)
 
 
-def print_tables(run: Any) -> None:
-    """The tables a run ends with (``rpx show`` prints them all), on stdout: coloured on a terminal, plain when piped."""
+def print_tables(run: Any, stages: Any) -> None:
+    """The tables a run ends with (what ``rpx show`` prints without ``--table``), on stdout: coloured on a terminal,
+    plain when piped."""
     from rpx_core.show import formats as render
     from rpx_core.show import tables as views
 
-    render.terminal(views.tables(run, views.RUN_END), [], sys.stdout)
+    render.terminal(views.tables(run, stages), [], sys.stdout)
 
 
 def eta(started: float, event: Progress) -> float | None:

@@ -29,7 +29,7 @@ def terminal(tables: Sequence[Table], footer: Sequence[str], file: TextIO) -> No
     for table in tables:
         shown = RichTable(title=escape(table.title), box=box.SIMPLE_HEAD, title_justify="left", title_style="bold")
         for index, column in enumerate(table.columns):
-            shown.add_column(escape(column), justify="left" if _is_text(table, index) else "right")
+            shown.add_column(escape(column.title), justify="left" if _is_text(table, index) else "right")
         for row in table.rows:
             shown.add_row(*(escape(cell.text) for cell in row))
         console.print(shown)
@@ -51,7 +51,7 @@ def markdown(tables: Sequence[Table], footer: Sequence[str]) -> str:
     """GitHub-flavoured pipe tables, each under a heading, notes as a list."""
     parts = []
     for table in tables:
-        lines = [f"### {table.title}", "", _md_row(table.columns),
+        lines = [f"### {table.title}", "", _md_row(column.title for column in table.columns),
                  "|" + "|".join("---" if _is_text(table, i) else "---:" for i in range(len(table.columns))) + "|"]
         lines += [_md_row(cell.text for cell in row) for row in table.rows]
         lines += [""] + [f"- {note}" for note in table.notes] if table.notes else []
@@ -69,7 +69,7 @@ def csv_text(table: Table) -> str:
     """One table as CSV: raw figures (unit in the column name), the absent ones empty."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(table.columns)
+    writer.writerow([column.raw_title for column in table.columns])
     for row in table.rows:
         writer.writerow(["" if cell.value is None else _csv_value(cell.value) for cell in row])
     return out.getvalue()
@@ -81,7 +81,7 @@ def _csv_value(value: Any) -> Any:
 
 def json_text(tables: Sequence[Table], footer: Sequence[str]) -> str:
     """Every table as ``{name: {title, columns, rows (raw values), notes}}`` plus the footer lines."""
-    data = {table.name: {"title": table.title, "columns": list(table.columns),
+    data = {table.name: {"title": table.title, "columns": [column.raw_title for column in table.columns],
                          "rows": [[cell.value for cell in row] for row in table.rows], "notes": list(table.notes)}
             for table in tables}
     return json.dumps({"tables": data, "footer": list(footer)}, indent=2)

@@ -60,9 +60,18 @@ def build_function(path: Path) -> str:
     raise RpxError(f"model file {str(path)!r}: say which function builds the model, as {path}:NAME{listed}")
 
 
+#: Callables whose name says nothing about the model (``model.py:build``): the model is named for its file instead.
+GENERIC_CALLABLES = ("build", *BUILD_NAMES)
+
+
 def model_name(source: str) -> str:
-    """A short name for the model's results: the last part of the name or of the callable."""
-    last = re.split(r"[/:.]", source.rstrip("/"))[-1] or "model"
+    """A short name for the model's results: the callable's name, or the file's (module's) when the callable's is
+    generic (``my_model.py:build`` -> ``my_model``), or the last part of a named model (``hf:org/gpt2`` -> ``gpt2``)."""
+    module, colon, attr = source.rpartition(":")
+    if colon and (module.endswith(".py") or "." in module) and attr in GENERIC_CALLABLES:
+        last = Path(module).stem if module.endswith(".py") else module.rpartition(".")[2]
+    else:
+        last = re.split(r"[/:.]", source.rstrip("/"))[-1] or "model"
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", last).strip("-") or "model"
 
 

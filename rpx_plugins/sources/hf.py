@@ -10,8 +10,11 @@ take ``auto_class`` (default ``AutoModel``, the model without a task head; e.g. 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,9 @@ from rpx_core.plugin import InputSpec, ModelSource, RpxError, did_you_mean, impo
 
 SCHEME = "hf"
 INSTALL = "pip install 'rpx[hf]' (transformers; weights are never downloaded, only the configuration is read)"
+#: Seconds to wait for the hub to answer before calling it unreachable (the hub client's own retries take about a
+#: minute to give up without a network).
+HUB_TIMEOUT = 1.5
 
 
 def is_local(target: str) -> bool:
@@ -29,9 +35,15 @@ def is_local(target: str) -> bool:
 
 def check(target: str, config: Mapping[str, Any]) -> list[str]:
     if not is_local(target):
-        if os.environ.get("HF_HUB_OFFLINE") == "1" and cached_config(target) is None:
+        if cached_config(target) is not None:
+            return []
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
             return [f"{target!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 keeps rpx off the hub "
                     "(give a folder holding config.json, or go online once)"]
+        if not hub_reachable():
+            return [f"{target!r} is not in the local Hugging Face cache and the hub ({hub_endpoint()}) cannot be reached "
+                    f"from here: give a folder holding its config.json (hf:./folder), or go online once "
+                    "(HF_HUB_OFFLINE=1 uses the cache alone)"]
         return []
     folder = Path(target).expanduser()
     if not folder.is_dir():
@@ -39,6 +51,24 @@ def check(target: str, config: Mapping[str, Any]) -> list[str]:
     if not (folder / "config.json").is_file():
         return [f"folder {str(folder.resolve())!r} has no config.json"]
     return []
+
+
+def hub_endpoint() -> str:
+    """The hub's address, as the Hugging Face client reaches it (``HF_ENDPOINT``, else huggingface.co)."""
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+@functools.cache
+def hub_reachable() -> bool:
+    """Whether the hub answers an HTTP request within HUB_TIMEOUT seconds (asked once per process; any HTTP status
+    is an answer), so a machine without a network fails in a second instead of after the hub client's retries."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(hub_endpoint(), method="HEAD"), timeout=HUB_TIMEOUT).close()
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):  # no route, refused, timed out, a TLS failure, a malformed address
+        return False
+    return True
 
 
 def known_config(target: str) -> dict[str, Any] | None:
@@ -83,9 +113,12 @@ def build(target: str, config: Mapping[str, Any], *, auto_class: str = "AutoMode
           trust_remote_code: bool = False) -> Any:
     """The model from its configuration only, with ``config`` overrides applied and checked."""
     transformers = import_or_explain("transformers", SCHEME, INSTALL)
-    location = str(Path(target).expanduser()) if is_local(target) else target
+    local = is_local(target)
+    location = str(Path(target).expanduser()) if local else target
+    offline = not local and (os.environ.get("HF_HUB_OFFLINE") == "1" or not hub_reachable())
     try:
-        configuration = transformers.AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
+        configuration = transformers.AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code,
+                                                                local_files_only=offline)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RpxError(f"hf:{target}: cannot read its configuration: {first}") from None

@@ -6,8 +6,9 @@
   still gets the built-in (returning None passes the call on).
 * ``rpx_register_gpu_packs``: a small GPU pack shipped as a TOML file in this package.
 * ``rpx_register_stages`` + ``rpx_weights_report``: a new stage, ``weights_report``, which needs ``count_params``,
-  takes options, returns its own result type and contributes a summary field. Its implementation is ``trylast``, so
-  another plugin can override it for its own backend, exactly like a built-in stage.
+  takes options, returns its own result type, contributes a summary field, and declares how it is shown: a table
+  (``rpx show``, the report, the end of ``rpx run``) and a figure ``rpx compare`` puts side by side. Its
+  implementation is ``trylast``, so another plugin can override it for its own backend, exactly like a built-in stage.
 * ``rpx_register_op_formulas``: a FLOP formula for a custom operator, ``example::fused_gelu`` (defined in ``ops``).
 """
 
@@ -18,7 +19,24 @@ from typing import Any
 
 import attrs
 
-from rpx_core.plugin import Availability, CpuBackend, OpFormula, ParamsResult, Stage, StageContext, cost_table, hookimpl
+from rpx_core.plugin import (
+    PRECISION,
+    Availability,
+    Cell,
+    Column,
+    CpuBackend,
+    Figure,
+    OpFormula,
+    ParamsResult,
+    Stage,
+    StageContext,
+    Table,
+    TableView,
+    cost_table,
+    hookimpl,
+    ok_result,
+    units,
+)
 
 
 class OneThreadCpuBackend(CpuBackend):
@@ -91,6 +109,26 @@ def weights_fields(report: WeightsReport, results: Any) -> dict[str, float]:
     return {f"weights_{report.unit.lower()}": report.weights}
 
 
+def weights_table(run: Any) -> Table | None:
+    """One row per model that has a weights report; None when no model has one (no table is shown)."""
+    rows = [[Cell.text_of(model.name), Cell.text_of(report.precision), Cell(report.weights, f"{report.weights:.3g}"),
+             Cell.text_of(report.unit)]
+            for model in run.models if (report := ok_result(model, "weights_report")) is not None]
+    if not rows:
+        return None
+    return Table("weights", "Weight memory", [Column("model"), Column("precision"), Column("weights"),
+                                              Column("unit")], rows, ["parameters and buffers at the run's precision"])
+
+
+def weights_figures(models: Any) -> list[Figure]:
+    """The weight memory, compared in bytes (so MB and MiB files compare); it depends on the precision."""
+    def read(model: Any) -> float | None:
+        report = ok_result(model, "weights_report")
+        return None if report is None else report.weights * (1e6 if report.unit == "MB" else 2**20)
+
+    return [Figure("weight bytes", read, units.size, depends=(PRECISION,))]
+
+
 WEIGHTS_REPORT = Stage(
     "weights_report",
     "weight memory in the unit of your choice",
@@ -98,6 +136,8 @@ WEIGHTS_REPORT = Stage(
     needs=("count_params",),
     options=WeightsReportOptions,
     summary=weights_fields,
+    tables=(TableView("weights", weights_table),),
+    figures=weights_figures,
 )
 
 

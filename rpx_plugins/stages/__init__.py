@@ -1,0 +1,45 @@
+"""The built-in stages, declared like any plugin's: name, needs, options, result type, scope, hook, summary fields,
+and how their results are shown (tables, compare figures, charts). One module per stage family: counts (Tier 1),
+roofline, system_card, latency, batch_search.
+
+The implementations are hook implementations elsewhere (``rpx_plugins.torch.counts``, ``rpx_plugins.jax.counts``,
+``rpx_plugins.roofline``, ...), registered ``trylast`` so any installed plugin can answer first for its backends.
+
+Summary fields (flat, table-friendly; ``docs/migrating.md`` maps the older ``rpx_benchmark`` profiler's names):
+
+* ``params_m``: parameters (shared weights once) / 1e6.
+* ``flops_g``: total FLOPs of the counted pass / 1e9, FLOPs = 2 x MACs for matmul/convolution/attention plus the
+  documented per-element cost of other ops; ``matrix_flops_g`` is the matmul/conv/attention part alone.
+* ``macs_g``: multiply-accumulates of matmul/convolution/attention / 1e9.
+* ``memory_traffic_gb``: bytes moved if every operator reads its inputs and writes its outputs (unfused) / 1e9.
+* ``fused_traffic_gb``: weights + inputs + outputs, each once (the fused lower bound) / 1e9.
+* ``arithmetic_intensity``: total FLOPs / unfused bytes (FLOP per byte).
+* ``actmem_gb_fp16``: peak live activation bytes if activations were 2 bytes per element / 1e9.
+* ``roofline_<gpu>_<precision>_ms``: the headline roofline bound (whole model, fused traffic) for that GPU and
+  precision; ``bottleneck_<gpu>_<precision>`` names what limits it.
+* ``latency_p50_ms`` ...: measured per-call latency at batch 1 (numpy linear-interpolation percentiles);
+  ``latency_ms_per_sample`` is the p50 at batch 1 (never a batch's time divided by its size).
+* ``latency_p50_low_ms`` / ``latency_p50_high_ms``: the median's distribution-free confidence interval (95% by
+  default); ``latency_verdict`` is "stable", "noisy" or "too_few_samples"; ``latency_samples`` the sample count.
+* ``throughput_b<N>_samples_per_s``: samples per second measured at batch size N.
+* ``peak_memory_mb``: peak memory of the measured batch-1 region / 1e6 (method in the latency result);
+  ``peak_increment_mb`` is that peak minus the usage at the region's start: what the measured call itself needed.
+* ``fraction_of_roofline``: bound / measured p50 on the GPU the job ran on (1.0 = at the roofline), only when that
+  GPU is in a pack, one precision was bounded and Tier 1 counted batch 1 (latency is always measured at batch 1).
+"""
+
+from __future__ import annotations
+
+from rpx_core.plugin import Stage, hookimpl
+from rpx_plugins.stages.batch_search import BATCH_SEARCH
+from rpx_plugins.stages.counts import COUNT_FLOPS, COUNT_PARAMS, ESTIMATE_TRAFFIC
+from rpx_plugins.stages.latency import MEASURE_LATENCY
+from rpx_plugins.stages.roofline import ROOFLINE
+from rpx_plugins.stages.system_card import SYSTEM_CARD
+
+BUILTIN_STAGES = (COUNT_PARAMS, COUNT_FLOPS, ESTIMATE_TRAFFIC, ROOFLINE, SYSTEM_CARD, MEASURE_LATENCY, BATCH_SEARCH)
+
+
+@hookimpl
+def rpx_register_stages() -> list[Stage]:
+    return list(BUILTIN_STAGES)
