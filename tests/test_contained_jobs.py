@@ -298,3 +298,41 @@ def test_a_killed_zygote_is_replaced_and_every_job_of_the_sweep_runs(tmp_path):
         "killer[batch_size=1]", "killer[batch_size=2]", "good[batch_size=1]", "good[batch_size=2]"]
     assert all(model.ok and model.finished for model in run.models)
     assert run.provenance.finished is not None and run.unfinished == ()
+
+
+def zygote_of(pid: int) -> int | None:
+    """The process id of rpx's worker zygote, if process ``pid`` has started it."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rpartition(")")[2].split()[1])
+            if parent == pid and b"rpx_core.execution.zygote" in (stat.parent / "cmdline").read_bytes():
+                return int(stat.parent.name)
+        except (OSError, ValueError, IndexError):
+            continue  # a process that ended meanwhile
+    return None
+
+
+def test_sigterm_while_workers_are_being_forked_ends_the_run_within_the_grace(tmp_path):
+    """SIGTERM as soon as the zygote exists (it is still importing torch, and the executor's threads wait on it for
+    their workers): no job starts after it, rpx exits within the interrupt grace, and names the four jobs. Before,
+    the threads got their workers once the import was done and ran their jobs to the end (30 s each)."""
+    (tmp_path / "slow.py").write_text("import time\n\ndef build():\n    time.sleep(30)\n")
+    spec = write_spec(tmp_path, {"slow": "{}"}, stages='["count_params"]', execution="interrupt_grace = 3",
+                      extra="[sweep]\nbatch_size = [1, 2, 3, 4]\n")
+    spec.write_text(spec.read_text().replace('source = "models.py:build"', 'source = "slow.py:build"')
+                    .replace("[execution]", 'backend = "cpu"\n[execution]'))  # named: no worker before the jobs
+    process = subprocess.Popen([sys.executable, "-m", "rpx_core.cli", "run", str(spec)], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while zygote_of(process.pid) is None:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "rpx never started its zygote"
+        time.sleep(0.01)
+    os.kill(process.pid, signal.SIGTERM)
+    sent = time.monotonic()
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr
+    assert time.monotonic() - sent < 3 + 5, stderr  # the grace, and a margin for a loaded machine
+    names = [f"slow[batch_size={size}]" for size in (1, 2, 3, 4)]
+    assert f"4 job(s) did not finish: {', '.join(names)};" in stderr
+    assert load(tmp_path / "out.toml").unfinished == tuple(names)
