@@ -105,15 +105,14 @@ def run_planned(args: argparse.Namespace) -> int:
     from rpx_core.spec.checks import validate
 
     console = RunConsole(choose_mode(quiet=args.quiet, events=args.events))
-    if not args.dry_run:
-        console.note(f"checking {args.spec} and loading plugins")
-    plugins = load_plugins(args)
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip()) if args.stages is not None else None
     overrides = {key: value for key, value in (("isolation", args.isolation), ("stage_timeout", args.stage_timeout),
                                                ("job_timeout", args.job_timeout), ("executor", args.executor))
                  if value is not None}
-    plan = validate(args.spec, plugins, stages=stages, output=Path(args.output) if args.output else None,
-                    execution=overrides, prepare=lambda spec: with_inferred_backend(spec, plugins, {}))
+    with console.starting(f"checking {args.spec} and loading plugins"):
+        plugins = load_plugins(args)
+        plan = validate(args.spec, plugins, stages=stages, output=Path(args.output) if args.output else None,
+                        execution=overrides, prepare=lambda spec: with_inferred_backend(spec, plugins, {}))
     if args.dry_run:
         from rpx_core.execution.executors import job_lines
 

@@ -92,9 +92,9 @@ def console_text(run) -> str:
     """What ``rpx run`` prints when it ends for ``run`` (its tables, as piped to a file)."""
     import io
 
+    from rpx_core.show import declared
     from rpx_core.show import formats as render
-    from rpx_core.show import tables as views
 
     out = io.StringIO()
-    render.terminal(views.tables(run, builtin_stages()), [], out)
+    render.terminal(declared.tables(run, builtin_stages()), [], out)
     return out.getvalue()

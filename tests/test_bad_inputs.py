@@ -80,12 +80,12 @@ CASES = {
     'stage_typo': (
         'stages = ["count_flop"]\n' + BASE,
         [],
-        "rpx: error: stage_typo.toml: stages[0]: unknown stage 'count_flop'; did you mean 'count_flops'? (stages: batch_search, count_flops, count_params, estimate_traffic, measure_latency, roofline, system_card)",
+        "rpx: error: stage_typo.toml: stages[0]: unknown stage 'count_flop'; did you mean 'count_flops'? (stages: batch_search, count_flops, count_params, estimate_traffic, measure_latency, measure_serving, roofline, serve, system_card)",
     ),
     'cli_stage_typo': (
         BASE,
         ['--stages', 'count_parms'],
-        "rpx: error: cli_stage_typo.toml: --stages: unknown stage 'count_parms'; did you mean 'count_params'? (stages: batch_search, count_flops, count_params, estimate_traffic, measure_latency, roofline, system_card)",
+        "rpx: error: cli_stage_typo.toml: --stages: unknown stage 'count_parms'; did you mean 'count_params'? (stages: batch_search, count_flops, count_params, estimate_traffic, measure_latency, measure_serving, roofline, serve, system_card)",
     ),
     'cli_empty_stages': (
         BASE,
@@ -290,7 +290,7 @@ CASES = {
         'stages = ["count_flop"]\nbackend = "cpux"\ndevice = "banana"\n\n[[models]]\nname = "lin"\nsource = "gone.py:build"\nkwargs = { in_features = 4, out_features = 2 }\ninputs = [{ shape = [1, 4] }]\n',
         [],
         "\n".join([
-            "rpx: error: many_at_once.toml: stages[0]: unknown stage 'count_flop'; did you mean 'count_flops'? (stages: batch_search, count_flops, count_params, estimate_traffic, measure_latency, roofline, system_card)",
+            "rpx: error: many_at_once.toml: stages[0]: unknown stage 'count_flop'; did you mean 'count_flops'? (stages: batch_search, count_flops, count_params, estimate_traffic, measure_latency, measure_serving, roofline, serve, system_card)",
             "rpx: error: many_at_once.toml: backend: 'cpux' not recognized. Choose one of: cpu, cuda, jax, mps",
             'rpx: error: many_at_once.toml: models[0].source: no such file {dir}/gone.py',
         ]),

@@ -12,7 +12,7 @@ import pytest
 
 from rpx_core.api import load_results
 from rpx_core.errors import RpxError
-from rpx_core.show import charts
+from rpx_core.show import charts, declared
 from rpx_plugins.stages.batch_search import batch_chart
 from rpx_plugins.stages.roofline import roofline_chart
 from tests.conftest import builtin_stages
@@ -33,7 +33,7 @@ def png_size(path: Path) -> tuple[int, int]:
 @pytest.mark.parametrize("source, kind, name", [(RUN_A, "roofline", "roofline.png"), (BATCH, "batch", "batch.png")])
 def test_png_charts_are_valid_and_sized(tmp_path, source, kind, name):
     out = tmp_path / name
-    charts.save(charts.figure_for(load_results(source), kind, builtin_stages()), out)
+    charts.save(declared.figure_for(load_results(source), kind, builtin_stages()), out)
     width, height = png_size(out)
     assert 500 <= width <= 3000 and 400 <= height <= 2000
     assert out.stat().st_size > 20_000  # lines, points and text, not a blank canvas

@@ -118,13 +118,13 @@ def test_the_show_example_is_what_rpx_prints():
 def test_every_column_the_conventions_name_is_a_column_rpx_prints():
     """"column `X`" in the README names a column title rpx really prints."""
     from rpx_core.api import load_results
-    from rpx_core.show import tables as views
+    from rpx_core.show import declared
     from tests.conftest import builtin_stages
 
     stages = builtin_stages()
     titles = {title for name in ("run_a", "batch")
-              for table in views.tables(load_results(REPO / "tests" / "data" / f"{name}_results.toml"), stages,
-                                        views.views(stages))
+              for table in declared.tables(load_results(REPO / "tests" / "data" / f"{name}_results.toml"), stages,
+                                        declared.table_views(stages))
               for title in table.titles}
     named = re.findall(r"column `([^`]+)`", README.read_text())
     assert named and [name for name in named if name not in titles] == []

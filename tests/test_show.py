@@ -16,8 +16,7 @@ import pytest
 from rpx_core.api import load_results
 from rpx_core.commands.show import show_text as show_with
 from rpx_core.errors import RpxError
-from rpx_core.show import tables as views
-from rpx_core.show import units
+from rpx_core.show import declared, units
 from rpx_plugins.stages import batch_search, counts
 from rpx_plugins.stages import latency as latency_views
 from tests.conftest import builtin_stages
@@ -30,6 +29,7 @@ def show_text(run, fmt, names=None):
 
 DATA = Path(__file__).parent / "data"
 RUN_A, BATCH = DATA / "run_a_results.toml", DATA / "batch_results.toml"
+SERVING = DATA / "serving_results.toml"
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_terminal_shows_every_default_table_and_the_system_footer(run_a):
 def test_markdown_has_one_pipe_table_per_table(run_a):
     text = show_text(run_a, "markdown")
     headings = [line for line in text.splitlines() if line.startswith("### ")]
-    assert len(headings) == len(views.tables(run_a, STAGES))
+    assert len(headings) == len(declared.tables(run_a, STAGES))
     tier1 = text.split("### Tier 1")[1].split("###")[0]
     rows = [line for line in tier1.splitlines() if line.startswith("|")]
     assert len(rows) == 2 + len(run_a.models)  # header, alignment row, one per model
@@ -122,12 +122,13 @@ def test_noisy_and_thin_latency_is_marked(run_a):
     assert row[1].text.endswith(latency_views.PARTIAL) and row[8].text == "too_few_samples"
 
 
-def test_the_cli_help_names_every_builtin_table():
-    from rpx_core.cli import build_parser
+def test_an_unknown_table_name_lists_every_table():
+    from rpx_core.errors import RpxError
 
-    show = build_parser()._subparsers._group_actions[0].choices["show"]
-    help_text = next(action.help for action in show._actions if action.dest == "table")
-    assert all(name in help_text for name in views.views(STAGES))
+    with pytest.raises(RpxError) as error:
+        show_text(load_results(RUN_A), "table", ["tier"])
+    assert "no table 'tier'; did you mean 'tier1'?" in str(error.value)
+    assert all(name in str(error.value) for name in declared.table_views(STAGES))
 
 
 def test_cli_show_and_its_errors(tmp_path):
@@ -171,12 +172,12 @@ def markdown_tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
     return found
 
 
-@pytest.mark.parametrize("source", [RUN_A, BATCH])
+@pytest.mark.parametrize("source", [RUN_A, BATCH, SERVING])
 def test_no_header_unit_contradicts_a_cell_in_any_format(source):
     run = load_results(source)
-    every = list(views.views(STAGES))
+    every = list(declared.table_views(STAGES))
     markdown = markdown_tables(show_text(run, "markdown", every))
-    assert len(markdown) == len(views.tables(run, STAGES, every)) >= 1
+    assert len(markdown) == len(declared.tables(run, STAGES, every)) >= 1
     for headers, rows in markdown:
         for index, header in enumerate(headers):
             unit = HEADER_UNIT.search(header)

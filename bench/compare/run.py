@@ -10,7 +10,8 @@ Sections:
 1. accuracy and speed: each tool counts every model of ``compare.models`` in a process of its own
    (``compare.count_worker``), converted to MACs, beside the hand-derived values;
 2. latency (``compare.latency``), quiet and under a background load;
-3. batch search (``compare.batch``).
+3. batch search (``compare.batch``);
+4. serving (``compare.serving``): rpx's serve stage beside LLM-Viewer's method, recomputed from its formulas.
 """
 
 from __future__ import annotations
@@ -143,6 +144,7 @@ def inside(started: float, unavailable: dict[str, str]) -> None:
     sys.path.insert(0, str(BENCH))
     from compare import batch, latency
     from compare.report import accuracy_tables, batch_table, latency_table, speed_table
+    from compare.serving import section as serving_section
     from compare.tools import TOOLS
 
     load_start = os.getloadavg()
@@ -161,6 +163,8 @@ def inside(started: float, unavailable: dict[str, str]) -> None:
     latency_rows = latency.main()
     print("batch search", flush=True)
     batch_result = batch.main()
+    print("serving", flush=True)
+    serving = serving_section()
     RAW.write_text(json.dumps({"counts": counts, "missing": missing, "latency": latency_rows, "batch": batch_result},
                               indent=1))
 
@@ -181,7 +185,7 @@ def inside(started: float, unavailable: dict[str, str]) -> None:
         headline="\n".join(f"- {line}" for line in lines), card=system_card(),
         versions=", ".join(f"{name} {v}" for name, v in versions().items()), conventions=conventions,
         accuracy=accuracy_tables(counts, missing), speed=speed, latency=latency_table(latency_rows),
-        batch=batch_table(batch_result))
+        batch=batch_table(batch_result), serving=serving)
     DOC.write_text(text)
     print("\n".join(lines))
     print(f"wrote {DOC.relative_to(ROOT)} in {seconds:.0f} s (raw figures: {RAW.relative_to(ROOT)})")
@@ -248,7 +252,8 @@ doubling-then-bisection finder (Lightning's "binsearch"), both running real tria
 (`bench/bench_batch_search.py`).
 
 {batch}
-"""
+
+{serving}"""
 
 
 def main() -> None:

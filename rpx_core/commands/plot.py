@@ -20,15 +20,15 @@ def register(command: Any) -> None:
 def cmd_plot(args: argparse.Namespace) -> int:
     from rpx_core.commands.common import declared_stages, load_plugins, load_results
     from rpx_core.errors import RpxError
-    from rpx_core.show import charts
+    from rpx_core.show import charts, declared
 
     output = Path(args.output)
     if output.suffix.lower() not in (".png", ".svg"):
         raise RpxError(f"{output}: the chart file must end in .png or .svg")
     plugins = load_plugins(args, tolerant=True)
     stages = declared_stages(plugins)
-    kind = args.kind or next(iter(charts.chart_views(stages)), "")
-    figure = charts.figure_for(load_results(args.results, plugins), kind, stages)
+    kind = args.kind or next(iter(declared.chart_views(stages)), "")
+    figure = declared.figure_for(load_results(args.results, plugins), kind, stages)
     charts.save(figure, output)
     print(f"chart: {output}")
     return 0

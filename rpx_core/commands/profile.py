@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 
 def register(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
@@ -19,6 +19,12 @@ def register(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     parser.add_argument("--stages", help="comma-separated stages (default: Tier 1 and the system card, plus the "
                                          "roofline with --gpus)")
     parser.add_argument("--backend", help="backend (default: cpu)")
+    parser.add_argument("--option", action="append", default=[], metavar="STAGE.KEY=VALUE",
+                        help="a stage option, e.g. serve.contexts=[8192] (the value is TOML; a bare word is a "
+                             "string); repeatable")
+    parser.add_argument("--kwarg", action="append", default=[], metavar="KEY=VALUE",
+                        help="a keyword argument of the model's builder, e.g. auto_class=AutoModelForCausalLM "
+                             "(an hf: model's task head); repeatable")
     parser.add_argument("-o", "--output", help="results file (default: rpx-results/<model>.toml)")
     parser.add_argument("--save-spec", metavar="FILE", help="also write the spec this run used")
     parser.set_defaults(handler=cmd_profile)
@@ -28,10 +34,39 @@ def comma_list(text: str | None) -> tuple[str, ...]:
     return tuple(part.strip() for part in (text or "").split(",") if part.strip())
 
 
+def assignment(text: str, flag: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` -> (KEY, VALUE read as TOML, or as a string when it is not a TOML value)."""
+    import tomllib
+
+    from rpx_core.errors import RpxError
+
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise RpxError(f"{flag} {text!r}: write KEY=VALUE, e.g. {flag} serve.contexts=[8192]")
+    try:
+        return key.strip(), tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return key.strip(), value
+
+
+def stage_options(texts: list[str]) -> dict[str, dict[str, Any]]:
+    """``--option STAGE.KEY=VALUE`` flags as stage name -> options table."""
+    from rpx_core.errors import RpxError
+
+    options: dict[str, dict[str, Any]] = {}
+    for text in texts:
+        path, value = assignment(text, "--option")
+        stage, dot, key = path.partition(".")
+        if not dot or not stage or not key:
+            raise RpxError(f"--option {text!r}: name the stage and its option, e.g. --option serve.contexts=[8192]")
+        options.setdefault(stage, {})[key] = value
+    return options
+
+
 #: Spec key paths of the spec ``rpx profile`` builds, and the argument each came from (errors name the argument).
 ARGUMENTS = (("models[0].source", "MODEL"), ("models[0].input_shape", "--input"), ("models[0].inputs", "--input"),
              ("gpus", "--gpus"), ("precision", "--precision"), ("stages", "--stages"), ("backend", "--backend"),
-             ("output", "-o"), ("models[0]", "MODEL"))
+             ("output", "-o"), ("options", "--option"), ("models[0].kwargs", "--kwarg"), ("models[0]", "MODEL"))
 
 
 def in_own_terms(message: str) -> str:
@@ -95,7 +130,9 @@ def profile(args: argparse.Namespace) -> int:
 
     stages = comma_list(args.stages) if args.stages is not None else None
     data = spec_data(args.model, parse_shape(args.input) if args.input else None, gpus=comma_list(args.gpus),
-                     precision=args.precision, stages=stages, backend=args.backend)
+                     precision=args.precision, stages=stages, backend=args.backend,
+                     kwargs=dict(assignment(text, "--kwarg") for text in args.kwarg),
+                     options=stage_options(args.option))
     if args.output:
         data["output"] = args.output
     plugins = load_plugins(args)

@@ -15,9 +15,8 @@ def register(command: Any) -> None:
     show.add_argument("--format", choices=("table", "markdown", "csv", "json"), default="table",
                       help="table (terminal), markdown, csv (one table: --table, default summary) or json")
     show.add_argument("--table", action="append", metavar="NAME",
-                      help="only these tables (repeatable): the names the stages declare (the built-in ones: tier1, "
-                           "uncounted, operators, modules, roofline, latency, throughput, batch_search; and problems, "
-                           "summary); default: every table but the long breakdowns")
+                      help="only these tables (repeatable): a table a stage declares, or sweep, problems, summary; "
+                           "an unknown name lists every one; default: every table but the long breakdowns")
     show.set_defaults(handler=cmd_show)
 
 
@@ -36,10 +35,11 @@ def show_text(run: Any, stages: dict[str, Any], fmt: str, names: list[str] | Non
     stream), the table format is written straight to it (in colour when it is a terminal) and "" returned."""
     import io
 
+    from rpx_core.show import declared
     from rpx_core.show import formats as render
     from rpx_core.show import tables as views
 
-    known = views.views(stages)
+    known = declared.table_views(stages)
     unknown = [name for name in names or () if name not in known]
     if unknown:
         from rpx_core.errors import did_you_mean
@@ -54,7 +54,7 @@ def show_text(run: Any, stages: dict[str, Any], fmt: str, names: list[str] | Non
         if table is None:
             raise RpxError(f"the results file has no figures for table {name!r}")
         return render.csv_text(table)
-    tables = views.tables(run, stages, names)
+    tables = declared.tables(run, stages, names)
     footer = views.footer(run, stages)
     if fmt == "markdown":
         return render.markdown(tables, footer)

@@ -66,6 +66,7 @@ BUILTIN = {
     "system-card": "rpx_plugins.system_card",
     "latency": "rpx_plugins.latency",
     "batch-search": "rpx_plugins.batch_search.stage",
+    "serving": "rpx_plugins.serving.stage",
     "model-sources": "rpx_plugins.sources",
     "local-executor": "rpx_plugins.executors.local",
     "ray-executor": "rpx_plugins.executors.ray",

@@ -1,14 +1,14 @@
 """Charts of a results file with matplotlib (the optional extra ``rpx[plot]``).
 
 Which charts exist is not known here: a stage declares its own (``Stage.charts``: :class:`ChartView` objects), and
-``rpx plot --kind NAME`` and the report draw them. This module holds what every chart shares: importing matplotlib
+:mod:`rpx_core.show.declared` gathers them for ``rpx plot --kind NAME`` and the report. This module holds what every chart shares: importing matplotlib
 lazily (headless), the label text drawn from data (never parsed as markup), and writing PNG, SVG or inline SVG.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +39,6 @@ def pyplot() -> Any:
     return plt
 
 
-def chart_views(stages: Mapping[str, Any]) -> dict[str, ChartView]:
-    """Every chart the stages declare, by name, in the stages' order, then the sweep chart."""
-    from rpx_core.show.sweeps import sweep_views
-
-    found: dict[str, ChartView] = {}
-    for stage in stages.values():
-        for view in stage.charts:
-            found.setdefault(view.name, view)
-    found.setdefault("sweep", sweep_views(stages)[1])
-    return found
-
-
 #: Colours by kind ("gpu", "model") and name, assigned once per process: a GPU has one colour on every chart.
 _COLOURS: dict[str, dict[str, str]] = {}
 PALETTE = tuple(f"C{index}" for index in range(10))
@@ -74,16 +62,6 @@ def colour(kind: str, name: str) -> str:
 def plain(text: str) -> str:
     """``text`` as matplotlib draws it literally: a name from data is never read as mathtext (``$1_$2``)."""
     return text.replace("$", r"\$")
-
-
-def figure_for(run: Any, kind: str, stages: Mapping[str, Any]) -> Any:
-    """The chart ``kind`` of ``run``; an unknown kind is one line naming the known ones."""
-    views = chart_views(stages)
-    if kind not in views:
-        from rpx_core.errors import did_you_mean
-
-        raise RpxError(f"no chart kind {kind!r}{did_you_mean(kind, views)}; the stages declare: {', '.join(views)}")
-    return views[kind].draw(run)
 
 
 def save(figure: Any, path: Path) -> None:

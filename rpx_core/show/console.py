@@ -12,9 +12,11 @@ Progress and stage lines go to stderr in the human modes, so stdout holds only t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any, Literal, TextIO
 
 from rpx_core.execution.progress import Progress
@@ -74,6 +76,18 @@ class RunConsole:
         if self._live is not None:
             self._live.stop()
             self._live = None
+
+    @contextlib.contextmanager
+    def starting(self, text: str) -> Iterator[None]:
+        """On a terminal, ``text`` with a spinner while rpx gets ready (checking the spec, loading plugins), erased
+        when it is ready or has failed: the screen is never blank, and an error stays its one line."""
+        if self.mode != "live":
+            yield
+            return
+        from rich.console import Console
+
+        with Console(file=self.err).status(f"rpx: {text}"):
+            yield
 
     def note(self, text: str) -> None:
         """A line about what the run is doing before any stage starts (human modes only): a terminal is never left
@@ -152,10 +166,10 @@ class RunConsole:
 def print_tables(run: Any, stages: Any) -> None:
     """The tables a run ends with (what ``rpx show`` prints without ``--table``), on stdout: coloured on a terminal,
     plain when piped."""
+    from rpx_core.show import declared
     from rpx_core.show import formats as render
-    from rpx_core.show import tables as views
 
-    render.terminal(views.tables(run, stages), [], sys.stdout)
+    render.terminal(declared.tables(run, stages), [], sys.stdout)
 
 
 def eta(started: float, event: Progress) -> float | None:

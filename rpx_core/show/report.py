@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rpx_core.show import declared
 from rpx_core.show import tables as views
 from rpx_core.version import __version__
 
@@ -46,7 +47,7 @@ def _file(index: int, label: str, run: Any, stages: Mapping[str, Any]) -> dict[s
             ("command", provenance.command or "-"),
             ("plugins", ", ".join(f"{p.name} ({p.distribution} {p.version})" for p in provenance.plugins) or "-"),
             *(("system", line.removeprefix("system: ")) for line in views.footer(run, stages)[:-1])]
-    tables = [_fitted(table) for table in views.tables(run, stages, views.views(stages))]
+    tables = [_fitted(table) for table in declared.tables(run, stages, declared.table_views(stages))]
     return {"id": f"file-{index}", "label": label, "tables": tables, "charts": charts, "chart_notes": notes,
             "provenance": rows}
 
@@ -81,7 +82,7 @@ def _charts(run: Any, stages: Mapping[str, Any]) -> tuple[list[dict[str, str]], 
     except RpxError as exc:
         return [], [f"no charts: {exc}"]
     made = []
-    for view in charts.chart_views(stages).values():
+    for view in declared.chart_views(stages).values():
         try:
             made.append({"name": view.name, "title": view.title, "svg": charts.svg_text(view.draw(run))})
         except RpxError:

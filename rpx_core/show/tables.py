@@ -7,8 +7,8 @@ could not produce are ``-`` (never zero); a measured figure whose samples were n
 explained in the notes.
 
 Which tables exist is not known here: every stage declares its own (``Stage.tables``, a tuple of :class:`TableView`),
-built-in stages exactly like a plugin's, and :func:`tables` draws them in the order the stages are registered. Only
-the tables that belong to no stage live here: the stages that did not succeed, and the flat summary fields.
+built-in stages exactly like a plugin's, and :mod:`rpx_core.show.declared` gathers them. Only the tables that belong
+to no stage live here: the stages that did not succeed, and the flat summary fields.
 """
 
 from __future__ import annotations
@@ -148,34 +148,6 @@ def summary(run: Any) -> Table | None:
 
 #: Tables that belong to no stage, after the stages' own: (name, builder, shown).
 GENERAL = (TableView("problems", stage_problems), TableView("summary", summary, shown="on_request"))
-
-
-def views(stages: Mapping[str, Any]) -> dict[str, TableView]:
-    """Every table the ``stages`` (name -> Stage declaration, in registration order) declare, then the sweep table
-    and the general ones, by name. Two declarations of one table name: the first stage's wins (the registry reports
-    stage clashes)."""
-    from rpx_core.show.sweeps import sweep_views
-
-    found: dict[str, TableView] = {}
-    for stage in stages.values():
-        for view in stage.tables:
-            found.setdefault(view.name, view)
-    for view in (sweep_views(stages)[0], *GENERAL):
-        found.setdefault(view.name, view)
-    return found
-
-
-def default_names(stages: Mapping[str, Any]) -> tuple[str, ...]:
-    """The tables ``rpx show`` prints without ``--table`` (and ``rpx run`` ends with)."""
-    return tuple(name for name, view in views(stages).items() if view.shown == "always")
-
-
-def tables(run: Any, stages: Mapping[str, Any], names: Iterable[str] | None = None) -> list[Table]:
-    """The tables of ``run`` that have something to show, in declaration order; ``names`` picks some (default: those
-    shown always)."""
-    known = views(stages)
-    wanted = default_names(stages) if names is None else tuple(names)
-    return [table for name in wanted if (table := known[name].build(run)) is not None]
 
 
 def footer(run: Any, stages: Mapping[str, Any]) -> list[str]:

@@ -77,8 +77,10 @@ def model_name(source: str) -> str:
 
 def spec_data(model: str | None, shape: tuple[int, ...] | None, *, gpus: tuple[str, ...] = (),
               precision: str | None = None, stages: tuple[str, ...] | None = None, backend: str | None = None,
-              name: str | None = None) -> dict[str, Any]:
-    """The spec's data for one model; default stages: Tier 1 and the system card, plus the roofline with GPUs."""
+              name: str | None = None, kwargs: dict[str, Any] | None = None,
+              options: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The spec's data for one model; default stages: Tier 1 and the system card, plus the roofline with GPUs.
+    ``kwargs`` are the model's keyword arguments, ``options`` stage name -> its options table."""
     source = model_source(model)
     scheme = source.partition(":")[0]
     if shape is None:
@@ -91,7 +93,9 @@ def spec_data(model: str | None, shape: tuple[int, ...] | None, *, gpus: tuple[s
     data["stages"] = list(stages) if stages else [*DEFAULT_STAGES, *(("roofline",) if gpus else ())]
     if gpus:
         data["gpus"] = list(gpus)
-    data["models"] = [{"name": label, "source": source, "input_shape": list(shape)}]
+    data["models"] = [{"name": label, "source": source, "input_shape": list(shape), **({"kwargs": kwargs} if kwargs else {})}]
+    if options:
+        data["options"] = options
     return data
 
 
@@ -117,7 +121,14 @@ def _value(value: Any) -> str:
     """One TOML value on one line, written by tomli-w (so every string is escaped the TOML way)."""
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_key(key)} = {_value(item)}" for key, item in value.items()) + " }"
     return tomli_w.dumps({"v": value}).partition("=")[2].strip()
+
+
+def _key(key: str) -> str:
+    """A TOML key: bare when it can be, else quoted."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _value(key)
 
 
 def render(data: dict[str, Any]) -> str:
@@ -149,13 +160,17 @@ def render(data: dict[str, Any]) -> str:
     ]
     if scheme == "hf":
         lines.append("# config = { num_hidden_layers = 2 }   # overrides of the model's configuration")
+    if model.get("kwargs"):
+        lines.append(f"kwargs = {_value(model['kwargs'])}")
+    elif scheme == "hf":
         lines.append('# kwargs = { auto_class = "AutoModelForCausalLM" }   # default AutoModel (no task head)')
     else:
         lines.append("# kwargs = {}   # arguments of the build function")
     lines += [
         '# notes = "where the model comes from, caveats"   # kept with the results',
-        "",
-        "# [options.measure_latency]",
-        "# max_seconds = 10   # bounds the whole stage, warm-up included",
     ]
+    for stage, table in data.get("options", {}).items():
+        lines += ["", f"[options.{stage}]", *(f"{_key(key)} = {_value(value)}" for key, value in table.items())]
+    if "measure_latency" not in data.get("options", {}):
+        lines += ["", "# [options.measure_latency]", "# max_seconds = 10   # bounds the whole stage, warm-up included"]
     return "\n".join(lines) + "\n"

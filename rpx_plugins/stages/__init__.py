@@ -1,6 +1,6 @@
 """The built-in stages, declared like any plugin's: name, needs, options, result type, scope, hook, summary fields,
 and how their results are shown (tables, compare figures, charts). One module per stage family: counts (Tier 1),
-roofline, system_card, latency, batch_search.
+roofline, system_card, latency, batch_search, serving.
 
 The implementations are hook implementations elsewhere (``rpx_plugins.torch.counts``, ``rpx_plugins.jax.counts``,
 ``rpx_plugins.roofline``, ...), registered ``trylast`` so any installed plugin can answer first for its backends.
@@ -26,6 +26,13 @@ Summary fields (flat, table-friendly; ``docs/migrating.md`` maps the older ``rpx
   ``peak_increment_mb`` is that peak minus the usage at the region's start: what the measured call itself needed.
 * ``fraction_of_roofline``: bound / measured p50 on the GPU the job ran on (1.0 = at the roofline), only when that
   GPU is in a pack, one precision was bounded and Tier 1 counted batch 1 (latency is always measured at batch 1).
+* ``kv_bytes_per_token``: KV-cache bytes per sequence per position (serve, at the longest context counted);
+  ``served_weights_gb``: the weights in their served format / 1e9.
+* ``ttft_<gpu>_<precision>_b<N>_ms``, ``tpot_<gpu>_<precision>_c<C>_b<N>_ms``: serve's bounds on the prefill (time to
+  first token) and on the decode step at context C (time per output token), batch N; ``max_batch_<gpu>_<precision>_c<C>``
+  the largest batch that fits at context C.
+* ``measured_<phase>_c<C>_b<N>_ms``, ``efficiency_<phase>_c<C>_b<N>``: measure_serving's p50 of a step and serve's
+  bound / that p50 on the GPU it ran on.
 """
 
 from __future__ import annotations
@@ -35,9 +42,11 @@ from rpx_plugins.stages.batch_search import BATCH_SEARCH
 from rpx_plugins.stages.counts import COUNT_FLOPS, COUNT_PARAMS, ESTIMATE_TRAFFIC
 from rpx_plugins.stages.latency import MEASURE_LATENCY
 from rpx_plugins.stages.roofline import ROOFLINE
+from rpx_plugins.stages.serving import MEASURE_SERVING, SERVE
 from rpx_plugins.stages.system_card import SYSTEM_CARD
 
-BUILTIN_STAGES = (COUNT_PARAMS, COUNT_FLOPS, ESTIMATE_TRAFFIC, ROOFLINE, SYSTEM_CARD, MEASURE_LATENCY, BATCH_SEARCH)
+BUILTIN_STAGES = (COUNT_PARAMS, COUNT_FLOPS, ESTIMATE_TRAFFIC, ROOFLINE, SYSTEM_CARD, MEASURE_LATENCY, BATCH_SEARCH,
+                  SERVE, MEASURE_SERVING)
 
 
 @hookimpl

@@ -21,8 +21,8 @@ def count_parameters(model: torch.nn.Module, precision: str) -> ParamsResult:
     element size: quantising a model does not shrink them.
     """
     check_precision(precision)
-    params = _unique(model.parameters())
-    buffers = _unique(model.buffers())
+    params = unique_tensors(model.parameters())
+    buffers = unique_tensors(model.buffers())
     trainable = sum(p.numel() for p in params if p.requires_grad)
     total = sum(p.numel() for p in params)
     return ParamsResult(
@@ -30,24 +30,30 @@ def count_parameters(model: torch.nn.Module, precision: str) -> ParamsResult:
         trainable=trainable,
         non_trainable=total - trainable,
         buffers=sum(b.numel() for b in buffers),
-        bytes_at_precision=sum(_bytes_at(t, precision) for t in params + buffers),
+        bytes_at_precision=sum(bytes_at(t, precision) for t in params + buffers),
         precision=precision,
     )
 
 
-def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+def tensor_key(tensor: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
+    """What makes two tensors the same weight: their storage, offset and shape (a tied weight has its tie's key)."""
+    return tensor.untyped_storage()._cdata, tensor.storage_offset(), tuple(tensor.shape)
+
+
+def unique_tensors(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     """Tensors with distinct (storage, offset, shape): a tensor tied to another by sharing its storage counts once."""
     seen: set[tuple[int, int, tuple[int, ...]]] = set()
     unique = []
     for tensor in tensors:
-        key = (tensor.untyped_storage()._cdata, tensor.storage_offset(), tuple(tensor.shape))
+        key = tensor_key(tensor)
         if key not in seen:
             seen.add(key)
             unique.append(tensor)
     return unique
 
 
-def _bytes_at(tensor: torch.Tensor, precision: str) -> int:
+def bytes_at(tensor: torch.Tensor, precision: str) -> int:
+    """Bytes of ``tensor`` with floating elements at ``precision``; integer and boolean ones at their own size."""
     if tensor.is_floating_point():
         return tensor.numel() * BYTES_PER_ELEMENT[precision]
     return tensor.numel() * tensor.element_size()
