@@ -17,13 +17,11 @@ Run: cd bench && python bench_latency_noise.py
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.utils.benchmark as benchmark  # noqa: E402
-from machine import describe_machine, load_average  # noqa: E402
+from machine import busy_processes, describe_machine, load_average  # noqa: E402
 
 from rpx_core.registry.backends import MemoryPeak  # noqa: E402
 from rpx_core.types.latency import LatencyOptions  # noqa: E402
@@ -46,20 +44,6 @@ WORKLOADS = (
      "m = tiny_cnn().eval(); x = torch.randn(1, 3, 32, 32)", "m(x)"),
 )
 MAX_SECONDS = 5.0
-
-
-@contextlib.contextmanager
-def background_load(busy: bool) -> Iterator[None]:
-    """A subprocess spinning in a Python loop for the duration (or nothing)."""
-    if not busy:
-        yield
-        return
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        yield
-    finally:
-        spinner.kill()
-        spinner.wait()
 
 
 def rpx(setup: str, stmt: str) -> tuple[float, str]:
@@ -113,7 +97,7 @@ def main() -> None:
     rows = []
     for busy in (False, True):
         condition = "busy subprocess" if busy else "machine as is"
-        with background_load(busy):
+        with busy_processes(1 if busy else 0):
             print(f"\n## {condition} ({load_average()})")
             for name, setup, stmt in WORKLOADS:
                 mine, mine_note = rpx(setup, stmt)

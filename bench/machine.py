@@ -3,8 +3,12 @@ machine was: a shared machine's other work moves every timing)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import subprocess
+import sys
+from collections.abc import Iterator
 
 
 def load_average() -> str:
@@ -21,3 +25,15 @@ def describe_machine() -> str:
 
     return (f"{cpu_model_name()} | {os.cpu_count()} logical CPUs | Python {platform.python_version()} | "
             f"{platform.platform()} | {load_average()}")
+
+
+@contextlib.contextmanager
+def busy_processes(count: int) -> Iterator[None]:
+    """``count`` subprocesses spinning in a Python loop for the duration (none for 0): a machine busy with other work."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()

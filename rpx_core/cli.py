@@ -21,6 +21,7 @@ from rpx_core.commands import report as report_command
 from rpx_core.commands import show as show_command
 from rpx_core.commands.common import load_plugins
 from rpx_core.exit_codes import ExitCode, for_signal
+from rpx_core.show.text import echo
 from rpx_core.version import __version__
 
 EXIT_OK, EXIT_STAGE_FAILED, EXIT_INTERNAL = ExitCode.OK, ExitCode.FAILED, ExitCode.INTERNAL  # see rpx_core.exit_codes
@@ -69,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     backends = command("backends", "list backends and whether they are available here")
     backends.add_argument("--json", action="store_true")
+    backends.add_argument("--refresh", action="store_true",
+                          help="probe every backend now (default: reuse answers up to 10 minutes old while the "
+                               "installed packages, plugins, drivers and device variables are unchanged)")
     backends.set_defaults(handler=cmd_backends)
 
     for module in (gpus_command, init_command, profile_command, show_command, compare_command, plot_command,
@@ -109,26 +113,27 @@ def run_planned(args: argparse.Namespace) -> int:
     overrides = {key: value for key, value in (("isolation", args.isolation), ("stage_timeout", args.stage_timeout),
                                                ("job_timeout", args.job_timeout), ("executor", args.executor))
                  if value is not None}
-    with console.starting(f"checking {args.spec} and loading plugins"):
+    with console:  # on a terminal, a line says what rpx is doing from its first moment
+        console.note(f"checking {args.spec} and loading plugins")
         plugins = load_plugins(args)
         plan = validate(args.spec, plugins, stages=stages, output=Path(args.output) if args.output else None,
                         execution=overrides, prepare=lambda spec: with_inferred_backend(spec, plugins, {}))
+        output = Path(args.output) if args.output else plan.spec.output_path()
+        if not args.dry_run:
+            console.note(f"{len(plan.jobs)} job(s), stages {', '.join(plan.stages)}: starting workers (each imports "
+                         "the framework once)")
+            result = run_plan(plan, plugins, output=output, fmt=args.format, spec_path=args.spec, observer=console,
+                              resume=args.resume)
     if args.dry_run:
         from rpx_core.execution.executors import job_lines
 
-        print("\n".join(job_lines(plan, plugins)))
+        echo("\n".join(job_lines(plan, plugins)))
         return EXIT_STAGE_FAILED if plan.failed_models else EXIT_OK
-    output = Path(args.output) if args.output else plan.spec.output_path()
-    console.note(f"{len(plan.jobs)} job(s), stages {', '.join(plan.stages)}; starting workers (each imports the "
-                 "framework once)")
-    with console:
-        result = run_plan(plan, plugins, output=output, fmt=args.format, spec_path=args.spec, observer=console,
-                          resume=args.resume)
     console.finished(output, result.ok)
     if console.mode in ("live", "plain"):
         print_tables(result, plugins.stages(plan.spec.choose).in_load_order())
     if console.mode != "jsonl":
-        print(f"results: {output}")
+        echo(f"results: {output}")
     return EXIT_OK if result.ok else EXIT_STAGE_FAILED
 
 
@@ -138,10 +143,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     plugins = load_plugins(args)
     plan = validate(args.spec, plugins)
     spec = plan.spec
-    print(f"{args.spec}: ok — {len(plan.jobs)} model(s); stages: {', '.join(plan.stages)}")
+    echo(f"{args.spec}: ok — {len(plan.jobs)} model(s); stages: {', '.join(plan.stages)}")
     availability = plugins.backend(spec.backend, spec.choose, require_available=False).availability
     if not availability.available:
-        print(f"note: backend {spec.backend!r} is not available on this machine ({availability.reason}); "
+        echo(f"note: backend {spec.backend!r} is not available on this machine ({availability.reason}); "
               f"`rpx run` will {'skip its stages' if spec.on_unavailable == 'skip' else 'refuse it'} here")
     return EXIT_OK
 
@@ -165,27 +170,33 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         origin = "built-in" if info.builtin else f"{info.distribution} {info.version}"
         hooks = ", ".join(h.removeprefix("rpx_") for h in info.hooks) or "-"
         status = "" if info.status == "loaded" else f"  [{info.status}{': ' + info.error if info.error else ''}]"
-        print(f"{info.name:<16} {origin:<28} {hooks}{status}")
-    print("\nstage hooks, plugins in the order they are asked (the first non-None answer wins):")
+        echo(f"{info.name:<16} {origin:<28} {hooks}{status}")
+    echo("\nstage hooks, plugins in the order they are asked (the first non-None answer wins):")
     for stage, plugin_names in order.items():
-        print(f"  {stage:<18} {' -> '.join(plugin_names) or '(no implementation)'}")
-    print("\nmodel sources (source = \"<scheme>:<name>\"):")
+        echo(f"  {stage:<18} {' -> '.join(plugin_names) or '(no implementation)'}")
+    echo("\nmodel sources (source = \"<scheme>:<name>\"):")
     for row in sources:
         missing = "" if row["installed"] else "  [library not installed]"
-        print(f"  {row['scheme'] + ':':<13} {row['plugin']:<16} {row['description']}{missing}")
+        echo(f"  {row['scheme'] + ':':<13} {row['plugin']:<16} {row['description']}{missing}")
     for problem in problems:
-        print(f"problem: {problem}")
+        echo(f"problem: {problem}")
     return EXIT_OK
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    registry = load_plugins(args).backends()
+    """Availability from a short-lived probing process, reused up to 10 minutes while nothing it depends on changed
+    (rpx_core.registry.availability): listing backends imports no framework into this process."""
+    from rpx_core.registry.availability import listed_availability
+
+    plugins = load_plugins(args)
+    registry = plugins.backends()
+    found, age = listed_availability(plugins, registry, refresh=args.refresh)
     rows = []
     for name, backend in sorted(registry.unambiguous().items()):
-        availability = backend.availability
+        availability = found[name]
         rows.append({"name": name, "available": availability.available, "reason": availability.reason,
                      "framework": backend.framework, "precisions": list(backend.precisions),
-                     "plugin": registry.provider(name)})
+                     "plugin": registry.provider(name), "probed_seconds_ago": round(age, 1)})
     for name, providers in registry.clashes().items():
         rows.append({"name": name, "available": False, "reason": f"registered by {', '.join(providers)}: choose one "
                      "with [choose.backends]", "framework": None, "precisions": [], "plugin": None})
@@ -196,7 +207,9 @@ def cmd_backends(args: argparse.Namespace) -> int:
               row["reason"]) for row in rows]
     widths = [max((len(cell[index]) for cell in cells), default=0) for index in range(3)]
     for cell in cells:
-        print("  ".join(text.ljust(width) for text, width in zip(cell, widths)) + "  " + cell[3])
+        echo("  ".join(text.ljust(width) for text, width in zip(cell, widths)) + "  " + cell[3])
+    if age:
+        print(f"\n(probed {age:.0f} s ago; `rpx backends --refresh` probes now)")
     return EXIT_OK
 
 
@@ -216,7 +229,7 @@ def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Nam
         return handler(args)
     except RpxError as exc:
         _traceback_if(args.debug)
-        print("\n".join(f"rpx: error: {line}" for line in str(exc).splitlines() or [""]), file=sys.stderr)
+        echo("\n".join(f"rpx: error: {line}" for line in str(exc).splitlines() or [""]), file=sys.stderr)
         return exc.exit_code
     except BrokenPipeError as exc:
         if not _stdout_closed():  # a pipe of rpx's own (to a worker) broke: a bug, not a reader gone
@@ -226,8 +239,8 @@ def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Nam
     except KeyboardInterrupt as interrupt:  # SIGINT, or SIGTERM (rpx_core.execution.interrupts.Interrupted)
         _traceback_if(args.debug)
         code = for_signal(signal_of(interrupt))
-        print(f"rpx: interrupted ({code.name}){_unfinished(interrupt)}; what finished is in the results file, if one "
-              "was started; `rpx run --resume` continues", file=sys.stderr)
+        echo(f"rpx: interrupted ({code.name}){_unfinished(interrupt)}; what finished is in the results file, if one "
+             "was started; `rpx run --resume` continues", file=sys.stderr)
         return code
     except Exception as exc:
         return _internal_error(exc, args.debug)
@@ -236,7 +249,7 @@ def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Nam
 def _internal_error(exc: Exception, debug: bool) -> int:
     _traceback_if(debug)
     hint = "" if debug else " (rerun with --debug for the traceback)"
-    print(f"rpx: internal error: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
+    echo(f"rpx: internal error: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
     return EXIT_INTERNAL
 
 
@@ -269,7 +282,7 @@ def _traceback_if(debug: bool) -> None:
 
 
 def _one_line_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-    print(f"rpx: warning: {message}", file=sys.stderr)
+    echo(f"rpx: warning: {message}", file=sys.stderr)
 
 
 if __name__ == "__main__":

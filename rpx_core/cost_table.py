@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from rpx_core.errors import did_you_mean
+
 #: Softmax / log-softmax, per element: row max, subtract, exp, row sum, divide (or log-subtract).
 SOFTMAX = 5
 #: Softmax backward, per element: grad x out, row sum, subtract, multiply by out (log-softmax: exp, sum, mul, sub).
@@ -91,6 +93,17 @@ PER_INPUT_ELEMENT: dict[str, int] = {
     **dict.fromkeys(("_softmax", "_safe_softmax", "_log_softmax"), SOFTMAX),
     **dict.fromkeys(("_softmax_backward_data", "_log_softmax_backward_data"), SOFTMAX_BACKWARD),
 }
+
+
+def per_element(operation: str) -> int:
+    """The FLOPs rpx prices one element of ``operation`` at, by its aten name (``"mul"``, ``"sigmoid"``, ``"sum"``):
+    per output element of an elementwise operation, per input element of a reduction or row-wise one. For a plugin
+    pricing its own operator's elementwise steps as rpx prices the same work; KeyError with the closest names for a
+    name the table does not hold."""
+    for table in (PER_OUTPUT_ELEMENT, PER_INPUT_ELEMENT):
+        if operation in table:
+            return table[operation]
+    raise KeyError(f"the cost table has no operation {operation!r}{did_you_mean(operation, [*PER_OUTPUT_ELEMENT, *PER_INPUT_ELEMENT])}")
 
 
 def select(table: Mapping[str, int], names: Iterable[str] = (), renamed: Mapping[str, str] | None = None) -> dict[str, int]:

@@ -43,7 +43,21 @@ class NotApplicable(UnsupportedError):
     model): recorded as ``not_applicable`` with the reason, neither a failure nor a zero."""
 
 
+def closest(name: str, valid: Iterable[str], *, n: int = 1, cutoff: float = 0.6) -> list[str]:
+    """The valid names closest to ``name``, best first (at most ``n``; none when nothing is close): the one
+    similarity rule behind every "did you mean" rpx prints."""
+    return difflib.get_close_matches(name, list(valid), n=n, cutoff=cutoff)
+
+
 def did_you_mean(name: str, valid: Iterable[str]) -> str:
     """``"; did you mean 'x'?"`` for the closest valid name, or an empty string when nothing is close."""
-    close = difflib.get_close_matches(name, list(valid), n=1)
+    close = closest(name, valid)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def choose_one_of(name: str, valid: Iterable[str]) -> str:
+    """``"Choose one of: a, b, c"``: every valid name, the three closest to ``name`` first."""
+    valid = sorted(valid)
+    close = closest(name, valid, n=3)
+    ordered = close + [v for v in valid if v not in close]
+    return f"Choose one of: {', '.join(ordered)}" if ordered else "None is registered."

@@ -52,16 +52,31 @@ class UnknownPrecisionError(RpxError):
     """The precision is not one rpx knows (see PRECISIONS)."""
 
 
+def unknown_precision(name: str) -> str:
+    """What to say about a precision name rpx does not know: the known ones, the closest first."""
+    return f"unknown precision {name!r} (known: {', '.join(PRECISIONS)}){did_you_mean(name, PRECISIONS)}"
+
+
 def get_precision(name: str) -> Precision:
     """The precision called ``name``; UnknownPrecisionError with the closest known name otherwise."""
     try:
         return PRECISIONS[name]
     except KeyError:
-        raise UnknownPrecisionError(
-            f"unknown precision {name!r} (known: {', '.join(PRECISIONS)}){did_you_mean(name, PRECISIONS)}"
-        ) from None
+        raise UnknownPrecisionError(unknown_precision(name)) from None
 
 
 def check_precision(name: str) -> str:
     """Return ``name`` if rpx knows it, else raise UnknownPrecisionError."""
     return get_precision(name).name
+
+
+def precision_of_dtype(dtype_name: str) -> str | None:
+    """The precision a model whose floating weights have ``dtype_name`` ("bfloat16", "torch.float16",
+    "float8_e4m3fn", ...) holds, whatever the framework: fp32, fp16, bf16 or fp8 (every float8 variant stores one byte
+    per element); None for other dtypes (float64), whose model is run at the spec's default. float32 is fp32, not
+    tf32: TF32 is a way to compute, not a way to store."""
+    name = dtype_name.removeprefix("torch.")
+    if name.startswith("float8"):
+        return "fp8"
+    return next((precision.name for precision in PRECISIONS.values() if precision.name != "tf32"
+                 and name in precision.dtypes.values()), None)

@@ -10,7 +10,8 @@
    folder changes, and pip never reaches for a network (``--no-index``).
 2. **Checks**, one line each (``PASS|FAIL|SKIP name: figure``): the backend's tests that need the device, the same
    modules' logic tests, a profile of specs/gpu_check.toml at fp32, tf32, fp16 and bf16 (Tier 1 to latency), the
-   measured p50 latency against the roofline bound of the GPU rpx recognises (bound / measured must lie in (0, 1]),
+   measured p50 latency against the roofline bound of the GPU rpx recognises, for the same call (bound / measured
+   must lie in (0, 1]; a fraction above 1 fails, naming the figure that disagrees),
    batch search of specs/gpu_batch_search.toml under a hard 8 GB budget, and a direct scan in this script (a
    bisection of each stage's batch size, each size measured from an empty allocator cache under the same cap)
    that batch search's limits must agree with (within its 5% resolution).
@@ -183,21 +184,26 @@ def profile_lines(report: Report, out: Path, device: str, precisions: tuple[str,
             latency, roofline = model.result("measure_latency"), model.result("roofline")
             report.line("PASS", name, f"p50 {latency.p50_ms:.3f} ms, {model.result('count_flops').total_flops / 1e9:.1f} "
                         f"GFLOP, run {seconds:.0f} s", results=str(path))  # fmt: skip
-            bound_line(report, f"latency vs roofline {model.name} {precision}", latency, roofline, precision)
+            bound_line(report, f"latency vs roofline {model.name} {precision}", latency, roofline,
+                       model.result("count_flops"), precision)
 
 
-def bound_line(report: Report, name: str, latency, roofline, precision: str) -> None:
+def bound_line(report: Report, name: str, latency, roofline, flops, precision: str) -> None:
+    """Bound / measured of the same call on the GPU rpx recognises (rpx_plugins.efficiency); a fraction above 1, or
+    figures that describe different calls, fail with what disagrees."""
+    from rpx_plugins.efficiency import efficiency
+
     local = roofline.local_gpu
-    bounds = roofline.gpus.get(local, {}) if local else {}
-    if precision not in bounds:
+    if local is None or precision not in roofline.gpus.get(local, {}):
         reason = "the GPU is not in rpx's catalogue" if local is None else f"no {precision} peak for {local}"
         report.line("SKIP", name, reason)
         return
-    bound = bounds[precision].bound_ms_fused
-    fraction = bound / latency.p50_ms
-    status = "PASS" if 0 < fraction <= 1 else "FAIL"
-    report.line(status, name, f"bound {bound:.4f} ms / measured {latency.p50_ms:.4f} ms = {fraction:.3f} on {local}",
-                fraction=fraction)  # fmt: skip
+    found = efficiency(latency, roofline, flops)
+    figure = f"bound {found.bound_ms:.4f} ms / measured {found.measured_ms:.4f} ms on {local}"
+    if found.fraction is None:
+        report.line("FAIL", name, f"{figure}: {found.problem}", fraction=found.bound_ms / found.measured_ms)
+        return
+    report.line("PASS", name, f"{figure} = {found.fraction:.3f}", fraction=found.fraction)
 
 
 def batch_search_lines(report: Report, out: Path, device: str) -> None:

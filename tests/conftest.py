@@ -6,12 +6,15 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+#: rpx's caches (``rpx backends``' availability) go to a folder of the test session, never the user's home.
+os.environ.setdefault("RPX_CACHE_DIR", tempfile.mkdtemp(prefix="rpx-test-cache-"))
 EXAMPLE_PLUGIN = REPO / "examples" / "rpx-example-plugin"
 
 
@@ -57,15 +60,16 @@ def make_plugin_package(root: Path, dist: str, module: str, plugin_name: str, co
     return package
 
 
-def rpx_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run the real ``rpx`` command in a subprocess."""
+def rpx_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the real ``rpx`` command in a subprocess (killed, and the test failed, past ``timeout`` seconds)."""
     return subprocess.run(
         [sys.executable, "-m", "rpx_core.cli", *args],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
         cwd=cwd,
-        timeout=300,
+        timeout=timeout,
     )
 
 
@@ -98,3 +102,31 @@ def console_text(run) -> str:
     out = io.StringIO()
     render.terminal(declared.tables(run, builtin_stages()), [], out)
     return out.getvalue()
+
+
+#: A model name no surface may obey: a formula to matplotlib ($...$), a window title (OSC) and a colour (CSI) to a
+#: terminal, and a right-to-left override.
+HOSTILE_NAME = "budget_$1_$2\x1b]0;pwned\x07\x1b[31mred\u202e"
+
+
+@pytest.fixture(scope="session")
+def roofline_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A real ``rpx run`` of a tiny model named HOSTILE_NAME (counts and a roofline on an L4): its results file and
+    the finished process (what it printed)."""
+    import json
+
+    folder = tmp_path_factory.mktemp("hostile")
+    spec = folder / "spec.toml"
+    spec.write_text(textwrap.dedent(f"""
+        backend = "cpu"
+        stages = ["count_flops", "estimate_traffic", "roofline"]
+        gpus = ["L4"]
+        [[models]]
+        name = {json.dumps(HOSTILE_NAME)}
+        source = "torch.nn:Linear"
+        kwargs = {{ in_features = 4, out_features = 2 }}
+        inputs = [{{ shape = [1, 4] }}]
+    """))
+    done = rpx_cli("run", str(spec), "-o", str(folder / "results.toml"))
+    assert done.returncode == 0, done.stderr
+    return folder / "results.toml", done

@@ -25,12 +25,16 @@ reserved bytes plus ``context_bytes``; its cap is ``fraction x recommended_max_m
 high-watermark ratio); one request above ``max_buffer_bytes`` fails with Metal's "Invalid buffer size".
 
 Models and inputs on the fake device are :class:`SimulatedModel` and :class:`DeviceBuffer`: their memory lives in
-the fake allocator and their kernels on the fake streams, with sizes and durations given per sample.
+the fake allocator and their kernels on the fake streams, with sizes and durations given per sample. For a model
+counted as a real torch module and run on the fake device, :class:`DeviceLinear` takes :class:`DeviceTensor` inputs,
+which torch's own tensor factories make once :meth:`FakeGpu.install_tensor_factories` is in place (rpx makes inputs
+from shapes with them), and runs at a given fraction of a given peak.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import types
 from typing import Any, Callable, Iterator
@@ -420,6 +424,22 @@ class FakeGpu:
             monkeypatch.setattr(torch.backends.mps, "get_core_count", lambda: 38, raising=False)
         return self
 
+    def install_tensor_factories(self, monkeypatch: Any) -> "FakeGpu":
+        """Make torch's tensor factories (``randn``, ``randint``, ``zeros``, ``empty``) give a :class:`DeviceTensor`
+        for this device, so inputs rpx makes from shapes land on it; other devices keep torch's own factories."""
+        for name in ("randn", "randint", "zeros", "empty"):
+            monkeypatch.setattr(torch, name, self._factory(getattr(torch, name)))
+        return self
+
+    def _factory(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def make(*args: Any, **kwargs: Any) -> Any:
+            if str(kwargs.get("device", "")).split(":")[0] != self.kind:
+                return original(*args, **kwargs)
+            shape = args[-1] if original is torch.randint else args[0]  # randint(low, high, size, ...)
+            return DeviceTensor(self, tuple(shape), kwargs.get("dtype") or torch.get_default_dtype())
+
+        return make
+
 
 #: The fake currently installed (for events recorded without a stream and for input factories).
 ACTIVE: FakeGpu | None = None
@@ -451,6 +471,41 @@ class DeviceInputs:
         buffer = ACTIVE.buffer(self.bytes_per_sample * batch_size)
         buffer.batch = batch_size
         return buffer
+
+
+class DeviceTensor:
+    """A tensor on the fake device from torch's own factories (:meth:`FakeGpu.install_tensor_factories`): its shape
+    and dtype, its memory in the fake allocator."""
+
+    def __init__(self, gpu: FakeGpu, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        self.shape, self.dtype = torch.Size(shape), dtype
+        self.buffer = gpu.buffer(max(1, math.prod(shape)) * dtype.itemsize)
+
+
+class DeviceLinear(torch.nn.Linear):
+    """``nn.Linear`` without a bias that runs on the fake device at ``efficiency`` of ``peak_flop_s``: a call on a
+    :class:`DeviceTensor` of ``rows`` rows is one kernel of 2 x rows x in x out / (efficiency x peak) seconds. On
+    real tensors (the meta device rpx counts on, the CPU) it is the real layer."""
+
+    def __init__(self, gpu: FakeGpu, features: int, peak_flop_s: float, efficiency: float) -> None:
+        super().__init__(features, features, bias=False)
+        self.gpu, self.peak_flop_s, self.efficiency = gpu, peak_flop_s, efficiency
+        self.weights: DeviceBuffer | None = None
+
+    def to(self, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        device = kwargs.get("device", args[0] if args else None)
+        if device is None or str(device).split(":")[0] != self.gpu.kind:
+            return super().to(*args, **kwargs)
+        dtype = kwargs.get("dtype") or self.weight.dtype
+        self.weights = self.weights or self.gpu.buffer(self.weight.numel() * dtype.itemsize)
+        return self
+
+    def forward(self, x: Any) -> Any:
+        if not isinstance(x, DeviceTensor):
+            return super().forward(x)
+        rows = math.prod(x.shape[:-1])
+        self.gpu.launch(2 * rows * self.in_features * self.out_features / (self.efficiency * self.peak_flop_s))
+        return DeviceTensor(self.gpu, (*x.shape[:-1], self.out_features), x.dtype)
 
 
 class SimulatedModel(torch.nn.Module):

@@ -121,8 +121,11 @@ def test_user_pack_clashing_with_the_reference_pack_needs_a_choice(tmp_path, wri
 def test_every_builtin_stage_is_documented_and_implemented():
     plugins = Plugins.load()
     stages = plugins.stages()
-    assert set(stages) == {"count_params", "count_flops", "estimate_traffic", "roofline", "system_card",
-                           "measure_latency", "batch_search"}
+    from rpx_plugins.stages import BUILTIN_STAGES
+
+    assert set(stages) == {stage.name for stage in BUILTIN_STAGES} >= {
+        "count_params", "count_flops", "estimate_traffic", "roofline", "system_card", "measure_latency",
+        "batch_search", "serve", "measure_serving", "measure_breakdown"}
     for name in stages:
         stage = stages[name]
         assert stage.doc and stage.description, f"stage {name} is undocumented"

@@ -40,7 +40,7 @@ CASES = {
     'count_on_choices': (
         '[options.count_flops]\ncount_on = "banana"\n' + BASE,
         [],
-        "rpx: error: count_on_choices.toml: options.count_flops.count_on: 'count_on' must be in ('auto', 'meta', 'device') (got 'banana')",
+        "rpx: error: count_on_choices.toml: options.count_flops.count_on: must be in ('auto', 'meta', 'device') (got 'banana')",
     ),
     'keep_samples_string': (
         'stages = ["measure_latency"]\n[options.measure_latency]\nkeep_samples = "false"\n' + BASE,
@@ -60,7 +60,7 @@ CASES = {
     'zero_dim': (
         '\n[[models]]\nname = "lin"\nsource = "torch.nn:Linear"\nkwargs = { in_features = 4, out_features = 2 }\ninputs = [{ shape = [0, 4] }]\n',
         [],
-        'rpx: error: zero_dim.toml: models[0].inputs[0]: every dimension must be >= 1 (a tensor with a zero dimension runs no work), got [0, 4]',
+        'rpx: error: zero_dim.toml: models[0].inputs[0].shape[0]: must be at least 1 (a zero dimension runs no work), got 0',
     ),
     'warmup_inf': (
         'stages = ["measure_latency"]\n[options.measure_latency]\nwarmup_seconds = inf\n' + BASE,
@@ -80,12 +80,12 @@ CASES = {
     'stage_typo': (
         'stages = ["count_flop"]\n' + BASE,
         [],
-        "rpx: error: stage_typo.toml: stages[0]: unknown stage 'count_flop'; did you mean 'count_flops'? (stages: batch_search, count_flops, count_params, estimate_traffic, measure_latency, measure_serving, roofline, serve, system_card)",
+        "rpx: error: stage_typo.toml: stages[0]: unknown stage 'count_flop'; did you mean 'count_flops'? (stages: batch_search, count_flops, count_params, estimate_traffic, measure_breakdown, measure_latency, measure_serving, roofline, serve, system_card)",
     ),
     'cli_stage_typo': (
         BASE,
         ['--stages', 'count_parms'],
-        "rpx: error: cli_stage_typo.toml: --stages: unknown stage 'count_parms'; did you mean 'count_params'? (stages: batch_search, count_flops, count_params, estimate_traffic, measure_latency, measure_serving, roofline, serve, system_card)",
+        "rpx: error: cli_stage_typo.toml: --stages: unknown stage 'count_parms'; did you mean 'count_params'? (stages: batch_search, count_flops, count_params, estimate_traffic, measure_breakdown, measure_latency, measure_serving, roofline, serve, system_card)",
     ),
     'cli_empty_stages': (
         BASE,
@@ -120,12 +120,12 @@ CASES = {
     'max_seconds_negative': (
         'stages = ["measure_latency"]\n[options.measure_latency]\nmax_seconds = -1\n' + BASE,
         [],
-        "rpx: error: max_seconds_negative.toml: options.measure_latency: 'max_seconds' must be > 0: -1",
+        "rpx: error: max_seconds_negative.toml: options.measure_latency.max_seconds: must be > 0: -1",
     ),
     'max_seconds_absurd': (
         'stages = ["measure_latency"]\n[options.measure_latency]\nmax_seconds = 1e9\n' + BASE,
         [],
-        "rpx: error: max_seconds_absurd.toml: options.measure_latency: 'max_seconds' must be at most a week (604800 s), is the unit right?: 1e+09",
+        "rpx: error: max_seconds_absurd.toml: options.measure_latency.max_seconds: must be at most a week (604800 s), is the unit right?: 1e+09",
     ),
     'max_seconds_over_stage_timeout': (
         'stages = ["measure_latency"]\n[execution]\nstage_timeout = 5\n[options.measure_latency]\nmax_seconds = 10\n' + BASE,
@@ -137,10 +137,20 @@ CASES = {
         [],
         'rpx: error: warmup_over_max.toml: options.measure_latency.warmup_seconds: 2 s is not less than max_seconds (1 s), which bounds the whole stage, warm-up included',
     ),
+    'warmup_cap_over_max': (
+        'stages = ["measure_latency"]\n[options.measure_latency]\nmax_seconds = 1\nwarmup_max_seconds = 1\n' + BASE,
+        [],
+        'rpx: error: warmup_cap_over_max.toml: options.measure_latency.warmup_max_seconds: 1 s is not less than max_seconds (1 s), which bounds the whole stage, warm-up included',
+    ),
+    'warmup_minimum_over_cap': (
+        'stages = ["measure_latency"]\n[options.measure_latency]\nwarmup_seconds = 2\nwarmup_max_seconds = 1\n' + BASE,
+        [],
+        'rpx: error: warmup_minimum_over_cap.toml: options.measure_latency.warmup_seconds: 2 s of warm-up at least cannot fit in warmup_max_seconds (1 s), the most it may take',
+    ),
     'stage_timeout_zero': (
         '[execution]\nstage_timeout = 0\n' + BASE,
         [],
-        "rpx: error: stage_timeout_zero.toml: execution: 'stage_timeout' must be > 0: 0",
+        "rpx: error: stage_timeout_zero.toml: execution.stage_timeout: must be > 0: 0",
     ),
     'stage_over_job': (
         '[execution]\nstage_timeout = 100\njob_timeout = 10\n' + BASE,
@@ -160,12 +170,12 @@ CASES = {
     'min_samples_zero': (
         'stages = ["measure_latency"]\n[options.measure_latency]\nmin_samples = 0\n' + BASE,
         [],
-        "rpx: error: min_samples_zero.toml: options.measure_latency: 'min_samples' must be > 0: 0",
+        "rpx: error: min_samples_zero.toml: options.measure_latency.min_samples: must be > 0: 0",
     ),
     'batch_sizes_zero': (
         'batch_sizes = [0, 2]\n' + BASE,
         [],
-        'rpx: error: batch_sizes_zero.toml: batch_sizes: every batch size must be >= 1',
+        'rpx: error: batch_sizes_zero.toml: batch_sizes[0]: must be at least 1 (a zero dimension runs no work), got 0',
     ),
     'batch_sizes_string': (
         'batch_sizes = "8"\n' + BASE,
@@ -234,7 +244,7 @@ CASES = {
     'output_template': (
         'output = "{nam}.toml"\n' + BASE,
         [],
-        "rpx: error: output_template.toml: output: '{nam}.toml' is not a valid template (only {name} is filled in): KeyError('nam')",
+        "rpx: error: output_template.toml: output: '{nam}.toml' is not a valid template: {nam} is not a field rpx fills; only {name} is (write {{ and }} for a literal brace)",
     ),
     'schema': (
         'schema = 2\n' + BASE,
@@ -264,7 +274,7 @@ CASES = {
     'kwargs_not_table': (
         '\n[[models]]\nname = "lin"\nsource = "torch.nn:Linear"\nkwargs = 3\ninputs = [{ shape = [1, 4] }]\n',
         [],
-        'rpx: error: kwargs_not_table.toml: models[0].kwargs: invalid value, expected dict',
+        'rpx: error: kwargs_not_table.toml: models[0].kwargs: expected a table',
     ),
     'choose_unknown_backend': (
         '[choose.backends]\ncpux = "cpu"\n' + BASE,
@@ -290,7 +300,7 @@ CASES = {
         'stages = ["count_flop"]\nbackend = "cpux"\ndevice = "banana"\n\n[[models]]\nname = "lin"\nsource = "gone.py:build"\nkwargs = { in_features = 4, out_features = 2 }\ninputs = [{ shape = [1, 4] }]\n',
         [],
         "\n".join([
-            "rpx: error: many_at_once.toml: stages[0]: unknown stage 'count_flop'; did you mean 'count_flops'? (stages: batch_search, count_flops, count_params, estimate_traffic, measure_latency, measure_serving, roofline, serve, system_card)",
+            "rpx: error: many_at_once.toml: stages[0]: unknown stage 'count_flop'; did you mean 'count_flops'? (stages: batch_search, count_flops, count_params, estimate_traffic, measure_breakdown, measure_latency, measure_serving, roofline, serve, system_card)",
             "rpx: error: many_at_once.toml: backend: 'cpux' not recognized. Choose one of: cpu, cuda, jax, mps",
             'rpx: error: many_at_once.toml: models[0].source: no such file {dir}/gone.py',
         ]),

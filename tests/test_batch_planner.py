@@ -383,15 +383,15 @@ def test_options_from_a_spec_table():
     assert [parse_memory_amount(zero, allow_zero=True).bytes for zero in (0, 0.0, "0", "0MB")] == [0, 0, 0, 0]
     with pytest.raises(SpecError, match="options.batch_search: unknown key 'memory_budjet'.*memory_budget"):
         structure({"memory_budjet": "6GB"}, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
-    with pytest.raises(SpecError, match="options.batch_search: .*memory_budget: unknown unit 'parsecs'"):
+    with pytest.raises(SpecError, match="options.batch_search.memory_budget: unknown unit 'parsecs'"):
         structure({"memory_budget": "6 parsecs"}, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
-    with pytest.raises(SpecError, match="options.batch_search: .*gain_threshold: must be in"):
+    with pytest.raises(SpecError, match="options.batch_search.gain_threshold: must be in"):
         structure({"gain_threshold": 1.5}, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
-    with pytest.raises(SpecError, match="options.batch_search: .*memory_budget: '8' has no unit"):
+    with pytest.raises(SpecError, match="options.batch_search.memory_budget: '8' has no unit"):
         structure({"memory_budget": "8"}, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
-    with pytest.raises(SpecError, match="options.batch_search: .*safety_margin: an integer is a number of bytes, and 512 is below"):
+    with pytest.raises(SpecError, match="options.batch_search.safety_margin: an integer is a number of bytes, and 512 is below"):
         structure({"safety_margin": 512}, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
-    with pytest.raises(SpecError, match="options.batch_search: .*'max_batch' must be > 0: 0"):
+    with pytest.raises(SpecError, match="options.batch_search.max_batch: must be at least 1"):
         structure({"max_batch": 0}, BatchSearchOptions, where="s.toml", base_path="options.batch_search")
 
 

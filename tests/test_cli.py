@@ -73,7 +73,7 @@ def test_unwritable_output_is_one_line_before_anything_runs(write_spec, tmp_path
     (tmp_path / "afile").write_text("")
     done = rpx_cli("run", str(write_spec(SPEC)), "-o", str(tmp_path / "afile" / "x.toml"))
     assert done.returncode == 2
-    assert done.stderr.strip().startswith(f"rpx: error: cannot write results to {tmp_path / 'afile' / 'x.toml'}")
+    assert done.stderr.strip().startswith(f"rpx: error: cannot write {tmp_path / 'afile' / 'x.toml'}: ")
     assert "count_params" not in done.stderr  # failed before the first stage
 
 

@@ -88,6 +88,31 @@ def test_latency_verdict_uses_intervals_or_the_spread():
     assert verdict(latency, model(1.0, 0.01, [0.9, 1.1]), model(1.05, 0.01, [1.0, 1.1]), 1.0, 1.05) == "within noise"
 
 
+def test_no_verdict_from_a_noisy_measurement_or_a_row_of_too_few_calls():
+    """A 20% change is called only when both sides measured cleanly: a noisy side (or one without an interval) gets
+    "not comparable: noisy" / "too few samples", and a throughput row of one call "too few calls" (a 1-call row was
+    once called "improved 9.01x")."""
+    from rpx_core.results.records import ModelResult, StageRecord
+    from rpx_core.types.latency import ThroughputResult
+
+    def model(p50, verdict, calls=100):
+        row = ThroughputResult(1, calls=calls, seconds=calls * p50 / 1e3, samples_per_s=1e3 / p50)
+        fields = {"p50_ms": p50, "spread": 0.01, "p50_interval_ms": [p50 * 0.99, p50 * 1.01], "verdict": verdict,
+                  "throughput": (row,)}
+        return ModelResult("m", "s", "cpu", "cpu", "fp32", "t",
+                           stages={"measure_latency": StageRecord("ok", result=type("Latency", (), fields)())})
+
+    found = {f.name: f for f in figures([model(1.0, "stable")], STAGES)}
+    latency, throughput = found["latency p50"], found["throughput b1"]
+    assert verdict(latency, model(1.0, "stable"), model(1.2, "stable"), 1.0, 1.2) == "regressed"
+    assert verdict(latency, model(1.0, "stable"), model(1.2, "noisy"), 1.0, 1.2) == "not comparable: noisy"
+    assert verdict(latency, model(1.0, "too_few_samples"), model(1.2, "stable"), 1.0, 1.2) == \
+        "not comparable: too few samples"
+    assert verdict(throughput, model(1.0, "stable"), model(0.8, "stable"), 1000.0, 1250.0) == "improved"
+    assert verdict(throughput, model(1.0, "stable", calls=1), model(0.8, "stable"), 1000.0, 1250.0) == \
+        "not comparable: too few calls (1)"
+
+
 def test_cli_compare_prints_the_note():
     done = subprocess.run([sys.executable, "-m", "rpx_core.cli", "compare", str(RUN_A), str(RUN_B)],
                           capture_output=True, text=True, timeout=120)

@@ -195,7 +195,7 @@ def test_attention_backward_option_is_validated() -> None:
     models = [{"name": "m", "source": "torch.nn:Identity", "inputs": [{"shape": [1, 2]}]}]
     spec = spec_from_dict({"models": models, "stages": ["count_flops"],
                            "options": {"count_flops": {"attention_backward": "recompute"}}})
-    with pytest.raises(SpecError, match=r"s\.toml: options\.count_flops: attention_backward must be one of "
+    with pytest.raises(SpecError, match=r"s\.toml: options\.count_flops\.attention_backward: must be one of "
                                         r"'without_recompute', 'with_recompute'; got 'recompute'"):
         run_spec(spec, output=None, spec_path="s.toml")
 

@@ -48,17 +48,34 @@ def test_profile_lines_read_rpx_results(tmp_path, monkeypatch):
 
 
 def roofline(local: str | None, bound_ms: float) -> object:
-    return types.SimpleNamespace(local_gpu=local, gpus={"H200-SXM": {"fp16": types.SimpleNamespace(bound_ms_fused=bound_ms)}})
+    bound = types.SimpleNamespace(gpu="H200-SXM", precision="fp16", bound_ms_fused=bound_ms, compute_ms=bound_ms,
+                                  memory_ms_fused=bound_ms / 10, peak_tflops=989.4, bandwidth_gb_s=4800.0)
+    return types.SimpleNamespace(local_gpu=local, gpus={"H200-SXM": {"fp16": bound}})
+
+
+LATENCY = types.SimpleNamespace(p50_ms=2.0, precision="fp16", measured_inputs=("float16[1,8]",), measured_batch_size=1)
+FLOPS = types.SimpleNamespace(backward=False, counted_inputs=("float16[1,8]",), counted_batch_size=1)
 
 
 @pytest.mark.parametrize("bound_ms, status", [(0.5, "PASS"), (2.0, "PASS"), (2.5, "FAIL")])
 def test_latency_against_the_roofline_bound(tmp_path, bound_ms, status):
     report = gpu_check.Report(tmp_path)
-    gpu_check.bound_line(report, "bound", types.SimpleNamespace(p50_ms=2.0), roofline("H200-SXM", bound_ms), "fp16")
+    gpu_check.bound_line(report, "bound", LATENCY, roofline("H200-SXM", bound_ms), FLOPS, "fp16")
     (check,) = report.checks
     assert check["status"] == status and check["fraction"] == pytest.approx(bound_ms / 2.0)
-    gpu_check.bound_line(report, "bf16", types.SimpleNamespace(p50_ms=2.0), roofline("H200-SXM", 1.0), "bf16")
+    if status == "FAIL":  # rpx prints no fraction above 1; it names what disagrees
+        assert "is below the bound of 2.5 ms" in check["figure"] and "TFLOP/s" in check["figure"]
+    gpu_check.bound_line(report, "bf16", LATENCY, roofline("H200-SXM", 1.0), FLOPS, "bf16")
     assert report.checks[-1]["status"] == "SKIP" and "no bf16 peak" in report.checks[-1]["figure"]
+
+
+def test_a_bound_of_other_work_fails_the_check(tmp_path):
+    """The count of an 8-row call against a 1-row measurement (what rpx did before): not the same work, a FAIL."""
+    report = gpu_check.Report(tmp_path)
+    eight_rows = types.SimpleNamespace(backward=False, counted_inputs=("float16[8,8]",), counted_batch_size=8)
+    gpu_check.bound_line(report, "bound", LATENCY, roofline("H200-SXM", 0.5), eight_rows, "fp16")
+    (check,) = report.checks
+    assert check["status"] == "FAIL" and "the count is of inputs float16[8,8]; latency measured float16[1,8]" in check["figure"]
 
 
 def test_unmet_requirements_are_missing_or_too_old():

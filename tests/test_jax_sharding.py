@@ -53,6 +53,18 @@ def test_a_shard_map_program_counts_its_body_once_per_device(mesh_run):
     assert stages["measure_latency"]["status"] == "ok", stages["measure_latency"].get("error")
 
 
+def test_a_batch_split_over_the_devices_is_timed_at_the_shape_it_was_counted_at(mesh_run):
+    """A data-parallel shard_map needs a batch that divides by the 2 devices: latency runs the batch of 8 the spec
+    writes and count_flops counted (timed at batch 1, as rpx did before, JAX refused it as indivisible)."""
+    stages = mesh_run["data-parallel-mlp"]
+    flops, latency = stages["count_flops"]["result"], stages["measure_latency"]
+    assert latency["status"] == "ok", latency.get("error")
+    assert latency["result"]["measured_inputs"] == flops["counted_inputs"] == ["float32[8,64]"]
+    assert latency["result"]["measured_batch_size"] == 8 and flops["macs"] == mlp_macs()
+    assert [row["batch_size"] for row in latency["result"]["throughput"]] == [2, 8]
+    assert all(row["samples_per_s"] > 0 for row in latency["result"]["throughput"])
+
+
 def test_a_pmap_program_counts_its_body_once_per_device(mesh_run):
     stages = mesh_run["pmap-mlp"]
     flops = stages["count_flops"]["result"]

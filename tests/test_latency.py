@@ -124,14 +124,78 @@ def test_one_sample_is_always_taken():
     assert sampling.samples_s[0] >= 0.02
 
 
-def test_warm_up_meets_both_its_count_and_its_time():
+def test_warm_up_meets_both_its_minimum_count_and_time():
     by_time = latency.warm_up(lambda: time.sleep(0.001), lambda: None, calls=1, seconds=0.2)
     assert by_time.seconds >= 0.2 and by_time.calls > 1  # the time kept it going after the count was met
     assert by_time.median_call_seconds >= 0.001
-    by_count = latency.warm_up(lambda: None, lambda: None, calls=30, seconds=0.0)
-    assert by_count.calls == 30
-    none = latency.warm_up(lambda: None, lambda: None, calls=0, seconds=0.0)
-    assert none.calls == 0 and none.median_call_seconds is None
+    by_count = latency.warm_up(lambda: None, lambda: None, calls=30, seconds=0.0, tolerance=10.0)
+    assert by_count.calls == 31 and by_count.settled  # windows 1 + 2 + 4 + 8 + 16: the one that reached 30
+    none = latency.warm_up(lambda: None, lambda: None, calls=0, seconds=0.0, max_seconds=0.0)
+    assert none.calls == 0 and none.median_call_seconds is None and none.settled is None
+
+
+class SettlingClock:
+    """A clock that only moves when the model is called: call i takes ``1 + 20 * 0.7**i`` ms (slow first calls that
+    settle towards 1 ms, as caches fill and clocks ramp up), or whatever ``durations`` says."""
+
+    def __init__(self, durations=None) -> None:
+        self.now = 0.0
+        self.calls = 0
+        self.durations = durations or (lambda i: (1 + 20 * 0.7**i) / 1e3)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def call(self) -> None:
+        self.now += self.durations(self.calls)
+        self.calls += 1
+
+
+def test_warm_up_runs_until_the_timings_settle_and_records_how_long():
+    clock = SettlingClock()
+    warm = latency.warm_up(clock.call, lambda: None, calls=1, tolerance=0.05, clock=clock)
+    # windows of 1, 2, 4, ..., 32 calls: the medians fall 21 -> 12.6 -> 5.1 -> 1.5 -> 1.02 -> 1.0003 ms, and only the
+    # last two agree within 5%; computed here from the durations, independently of the loop
+    durations = [clock.durations(i) for i in range(63)]
+    windows = [durations[2**k - 1:2**(k + 1) - 1] for k in range(6)]
+    medians = [float(np.median(window)) for window in windows]
+    assert [abs(b - a) <= 0.05 * b for a, b in zip(medians, medians[1:])] == [False] * 4 + [True]
+    assert warm.settled and warm.calls == clock.calls == 63
+    assert warm.window_medians_s == pytest.approx(medians, rel=1e-12)
+    assert warm.seconds == pytest.approx(sum(durations), rel=1e-12)  # how long it took, on the injected clock
+    # a fixed count would have stopped inside the slow part: the old default, 10 calls, ends at 1.8 ms calls
+    assert clock.durations(10) > 1.5e-3
+
+
+def test_a_warm_up_that_never_settles_stops_at_its_cap_and_says_so():
+    """Calls growing slower by 0.01 ms each: every window's median is further from the last than 1% (doubling windows
+    see a slow ramp that two equal windows side by side would call settled), so only the cap ends it."""
+    ramp = SettlingClock(lambda i: (1 + i / 100) / 1e3)
+    warm = latency.warm_up(ramp.call, lambda: None, calls=1, tolerance=0.01, max_seconds=0.5, clock=ramp)
+    assert warm.settled is False and warm.seconds >= 0.5
+    first, last = ramp.durations(0), ramp.durations(warm.calls - 1)
+    assert warm.seconds - last < first + 0.5  # no call started after the cap (counted from the first call's end)
+    medians = warm.window_medians_s
+    assert all(abs(b - a) > 0.01 * b for a, b in zip(medians, medians[1:]))
+
+
+def test_a_throughput_row_stops_at_the_deadline_when_calls_slow_down():
+    """The warm-up measured 1 ms calls, so 1,000 calls were planned for a second; then the machine got busy and every
+    call takes 20 ms: timed in chunks at the rate measured, the row stops near its 0.3 s deadline (a count planned
+    on the quiet machine would have run 20 s) and says how many calls it made."""
+    calls = []
+
+    def slow() -> None:
+        calls.append(1)
+        time.sleep(0.02)
+
+    deadline = latency.Deadline.after(0.3)
+    started = time.perf_counter()
+    made, seconds = latency.time_chunked(slow, Timer(lambda: None), 1000, deadline)
+    elapsed = time.perf_counter() - started
+    assert made == len(calls) < 1000 and seconds == pytest.approx(elapsed, abs=0.05)
+    assert 0.3 - 0.05 <= elapsed < 0.3 + 0.25  # a chunk (a few calls) past it at most, even if sleeps stretch
+    assert latency.time_chunked(slow, Timer(lambda: None), 5, latency.Deadline.after(0))[0] == 1  # one always
 
 
 def test_throughput_call_count_fills_the_time_asked_for():
@@ -168,10 +232,13 @@ def test_out_of_memory_at_a_batch_size_is_recorded_and_larger_ones_skipped():
     assert rows[32].error == "not tried: batch size 16 ran out of memory" and rows[32].calls is None
 
 
-def test_other_errors_fail_the_stage():
+def test_other_errors_of_a_throughput_row_are_recorded_and_the_latency_kept():
     model = Sleeper(0.0, error_from=4)
-    with pytest.raises(ValueError, match="a bug in the model"):
-        latency.measure_latency(context(model, LatencyOptions(min_samples=10, **FAST), batch_sizes=(1, 4)))
+    result = latency.measure_latency(context(model, LatencyOptions(min_samples=10, **FAST), batch_sizes=(1, 4, 8, 2)))
+    rows = {row.batch_size: row for row in result.throughput}
+    assert result.samples_count == 10 and rows[1].samples_per_s and rows[2].samples_per_s
+    for size in (4, 8):  # not an out-of-memory error: nothing larger is skipped for it, each size says what failed
+        assert rows[size].error == "failed: ValueError: a bug in the model, not a lack of memory"
 
 
 def test_noise_warning_names_the_spread():
@@ -182,15 +249,43 @@ def test_noise_warning_names_the_spread():
 def test_options_are_validated():
     with pytest.raises(ValueError, match="'min_samples' must be > 0: 0"):
         LatencyOptions(min_samples=0)
-    with pytest.raises(ValueError, match="'warmup_seconds' must be >= 0: -1"):
+    with pytest.raises(ValueError, match="must be >= 0: -1"):
         LatencyOptions(warmup_seconds=-1)
     where = {"where": "s.toml", "base_path": "options.measure_latency"}
     assert structure({"min_samples": 130, "keep_samples": True}, LatencyOptions, **where) == LatencyOptions(min_samples=130, keep_samples=True)
     with pytest.raises(SpecError, match="options.measure_latency: unknown key 'min_sample'; did you mean 'min_samples'"):
         structure({"min_sample": 130}, LatencyOptions, **where)
-    with pytest.raises(SpecError, match="options.measure_latency: .*'max_seconds' must be > 0: 0"):
+    with pytest.raises(SpecError, match="options.measure_latency.max_seconds: must be > 0: 0"):
         structure({"max_seconds": 0}, LatencyOptions, **where)
 
 
 def test_builtin_hook_is_registered_last():
     assert latency.rpx_measure_latency.rpx_impl["trylast"] is True
+
+
+def test_a_timeout_signal_during_the_collection_is_held_until_it_ends():
+    """An in-process stage timeout (SIGALRM) that fires while gc.collect() runs finalizers would raise inside a
+    ``__del__``, where Python ignores it, and the stage would run on: it is delivered after the collection instead."""
+    import os
+    import signal
+
+    from rpx_plugins.measurement import alarm_held
+
+    class Fired(BaseException):
+        pass
+
+    def fire(signum, frame):
+        raise Fired()
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    reached = []
+    try:
+        with pytest.raises(Fired):
+            with alarm_held():
+                os.kill(os.getpid(), signal.SIGALRM)
+                time.sleep(0.05)  # the handler has run by now, whichever thread the kernel gave the signal to
+                reached.append("inside")  # the signal waited
+            reached.append("after")  # not reached: it is handed to the stage's handler as the block ends
+        assert reached == ["inside"] and signal.getsignal(signal.SIGALRM) is fire
+    finally:
+        signal.signal(signal.SIGALRM, previous)

@@ -328,7 +328,7 @@ def test_profile_problems_are_one_line_each_naming_the_option(llama_dir: Path, t
     assert stage.returncode == 2
     assert stage.stderr.splitlines() == [
         "rpx: error: rpx profile: --stages: unknown stage 'count_flop'; did you mean 'count_flops'? (stages: "
-        "batch_search, count_flops, count_params, estimate_traffic, measure_latency, measure_serving, roofline, serve, "
+        "batch_search, count_flops, count_params, estimate_traffic, measure_breakdown, measure_latency, measure_serving, roofline, serve, "
         "system_card)"]
     folder = rpx_cli("profile", "hf:./nope", "--input", "1x8", cwd=tmp_path)
     assert folder.returncode == 2

@@ -147,13 +147,13 @@ def test_a_badly_built_formula_is_an_error_naming_the_plugin(plugins: Plugins) -
     def rpx_register_op_formulas() -> list[OpFormula]:
         return [OpFormula("rpxtest::scaled_tanh")]  # neither macs nor flops
 
-    plugins.register(types.SimpleNamespace(rpx_register_op_formulas=rpx_register_op_formulas), "empty")
-    with pytest.raises(PluginError, match=r"plugin 'empty': rpx_register_op_formulas: OpFormula for "
+    with pytest.raises(PluginError, match=r"plugin 'empty': rpx_register_op_formulas raised ValueError: OpFormula for "
                                           r"'rpxtest::scaled_tanh' gives neither macs nor flops"):
-        plugins.op_formulas()
+        plugins.register(types.SimpleNamespace(rpx_register_op_formulas=rpx_register_op_formulas), "empty")
+    assert "empty" not in plugins.hook_order("rpx_register_op_formulas")
 
 
 def test_anything_but_an_op_formula_is_refused(plugins: Plugins) -> None:
-    plugins.register(formula_plugin({"op": "rpxtest::scaled_tanh"}), "dicts")  # type: ignore[arg-type]
-    with pytest.raises(PluginError, match=r"plugin 'dicts': rpx_register_op_formulas returned dict, not "):
-        plugins.op_formulas()
+    with pytest.raises(PluginError, match=r"plugin 'dicts': rpx_register_op_formulas returned dict "
+                                          r"\{'op': 'rpxtest::scaled_tanh'\}, not an OpFormula at index 0"):
+        plugins.register(formula_plugin({"op": "rpxtest::scaled_tanh"}), "dicts")  # type: ignore[arg-type]

@@ -56,6 +56,14 @@ def test_dependencies_come_first_and_are_pulled_in(plugins):
     assert resolve_order(["d", "a", "c"], registry) == ["d", "a", "b", "c"]
 
 
+def test_a_stage_runs_after_the_stages_it_names_only_when_they_are_in_the_job():
+    registry = {"p": Stage("p", "profiled", after=("t",)), "t": Stage("t", "timed"), "n": Stage("n", "needed"),
+                "q": Stage("q", "needs n", needs=("n",), after=("t",))}
+    assert resolve_order(["p", "t"], registry) == ["t", "p"]
+    assert resolve_order(["p"], registry) == ["p"]  # "after" pulls nothing in
+    assert resolve_order(["q", "t"], registry) == ["n", "t", "q"]
+
+
 def test_unknown_stage_and_cycles_are_errors(plugins):
     with pytest.raises(RpxError, match="unknown stage 'zz'.*Choose one of"):
         resolve_order(["zz"], plugins.stages())

@@ -48,7 +48,7 @@ def test_output_over_the_spec_is_refused_and_the_spec_kept(tmp_path, capsys, mon
     before = spec.read_text()
     code, err = run_cli(capsys, "run", "spec.toml", "-o", "spec.toml")
     assert code == 2
-    assert err == "rpx: error: spec.toml: refusing to write results over spec.toml, which the run reads\n"
+    assert err == "rpx: error: spec.toml: refusing to write over spec.toml (the spec), which rpx reads\n"
     assert spec.read_text() == before
 
 
@@ -58,7 +58,7 @@ def test_output_over_a_model_file_is_refused(tmp_path, capsys, monkeypatch):
     (tmp_path / "spec.toml").write_text(SPEC.format(name="x").replace("torch.nn:Linear", "net.py:build")
                                         .replace("kwargs = { in_features = 4, out_features = 2 }\n", ""))
     code, err = run_cli(capsys, "run", "spec.toml", "-o", "net.py")
-    assert code == 2 and err.endswith(f"refusing to write results over {tmp_path / 'net.py'}, which the run reads\n")
+    assert code == 2 and err == "rpx: error: net.py: refusing to write over net.py (models[0].source), which rpx reads\n"
     assert "def build" in (tmp_path / "net.py").read_text()
 
 
@@ -66,8 +66,7 @@ def test_output_over_a_model_file_is_refused(tmp_path, capsys, monkeypatch):
 def test_only_regular_files_are_replaced(tmp_path, target, kind):
     with pytest.raises(OutputError) as error:
         check_target(Path(target))
-    assert str(error.value) == (f"{target}: is {kind}, not a regular file; rpx writes results only to a regular "
-                                "file or a new path")
+    assert str(error.value) == f"{target}: is {kind}, not a regular file; rpx writes only to a regular file or a new path"
     assert Path("/dev/null").is_char_device()
 
 

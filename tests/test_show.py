@@ -119,7 +119,7 @@ def test_noisy_and_thin_latency_is_marked(run_a):
         **run_a.models[0].stages, "measure_latency": attrs.evolve(run_a.models[0].stages["measure_latency"],
                                                                    result=attrs.evolve(latency, verdict="too_few_samples"))}),))
     row = latency_views.latency_table(thin).rows[0]
-    assert row[1].text.endswith(latency_views.PARTIAL) and row[8].text == "too_few_samples"
+    assert row[1].text.endswith(latency_views.PARTIAL) and row[9].text == "too_few_samples"
 
 
 def test_an_unknown_table_name_lists_every_table():

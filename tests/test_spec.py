@@ -64,7 +64,7 @@ def test_missing_required_key(write_spec):
 def test_semantic_checks(write_spec):
     message = error_of(write_spec, "batch_sizes = [0]\n" + GOOD.replace("inputs = [{ shape = [1, 8] }]", ""))
     assert "models[0]: give inputs" in message
-    assert "batch_sizes: every batch size must be >= 1" in message
+    assert "batch_sizes[0]: must be at least 1 (a zero dimension runs no work), got 0" in message
 
 
 def test_invalid_toml_and_missing_file(write_spec, tmp_path):

@@ -109,11 +109,11 @@ def test_a_zero_in_an_axis_and_a_machine_on_the_local_executor_are_refused(write
         batch_size = [0]
     """)
     done = rpx_cli("validate", str(spec))
-    assert done.returncode == 2 and "sweep.batch_size[0]: must be >= 1, got 0" in done.stderr, done.stderr
+    assert done.returncode == 2 and "sweep.batch_size[0]: must be at least 1 (a zero dimension runs no work), got 0" in done.stderr, done.stderr
     spec = write_spec(SWEEP_SPEC.replace('stages = ["count_params", "count_flops", "estimate_traffic"]',
                                          'stages = ["measure_latency"]') + """
         [sweep]
-        machine = ["H100-SXM"]
+        machine = ["NVIDIA H100 80GB HBM3"]  # an alias: placed by its canonical name
     """)
     done = rpx_cli("validate", str(spec))
     assert done.returncode == 2, done.stderr

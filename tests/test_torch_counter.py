@@ -568,6 +568,34 @@ def test_op_records_merge_identical_layers_and_add_up_to_the_totals() -> None:
     assert q_proj[0].macs == 8 * d * d and q_proj[0].bytes_read == (8 * d + d * d) * F32
 
 
+def test_the_call_sequence_lists_every_call_in_order_with_its_full_module_path() -> None:
+    model = mlp()
+    with torch.no_grad():  # with grad, autograd also detaches relu's output to save it: one more view
+        report = count_model(model, (torch.randn(4, 16),), sequence=True)
+    assert [(call.op, call.module) for call in report.calls] == [
+        ("aten.t", "0"), ("aten.addmm", "0"), ("aten.relu", "1"), ("aten.t", "2"), ("aten.addmm", "2")]
+    transpose, first = report.calls[:2]
+    assert transpose.inputs == "float32[32,16]" and (transpose.flops, transpose.bytes_read, transpose.bytes_written) == (
+        0, 0, 0)  # a view moves nothing
+    assert first.count == 1 and first.inputs == "float32[32], float32[4,16], float32[16,32]"
+    assert first.macs == 4 * 16 * 32 and first.flops == 2 * 4 * 16 * 32 + 4 * 32  # + the bias adds
+    assert first.bytes_read == (32 + 4 * 16 + 16 * 32) * F32 and first.bytes_written == 4 * 32 * F32
+    assert sum(call.flops for call in report.calls) == report.flops.total_flops
+    assert count_model(model, (torch.randn(4, 16),)).calls == ()  # only when asked for
+
+
+def test_the_call_sequence_traces_every_layer_of_a_stack_on_meta() -> None:
+    model = build_on_meta(model_zoo.llama, n_layers=4)
+    inputs = model.example_inputs(batch=1, seq_len=8)
+    with torch.no_grad():
+        replayed = count_model(model, inputs)
+        report = count_model(model, inputs, sequence=True)
+    assert replayed.flops.replayed  # without a sequence, layers 2 and 3 are replayed from the first two
+    assert report.flops.replayed == ()
+    assert {f"layers.{index}.attn.q_proj" for index in range(4)} <= {call.module for call in report.calls}
+    assert sum(call.flops for call in report.calls) == replayed.flops.total_flops
+
+
 # -- activation memory -------------------------------------------------------------------------------------------------
 
 

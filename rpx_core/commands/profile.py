@@ -70,17 +70,26 @@ ARGUMENTS = (("models[0].source", "MODEL"), ("models[0].input_shape", "--input")
 
 
 def in_own_terms(message: str) -> str:
-    """``message`` with the key paths of the built spec replaced by the ``rpx profile`` arguments they came from."""
+    """``message`` with the key paths of the built spec replaced by the ``rpx profile`` arguments they came from
+    (``rpx profile: models[0].source: ...``, and an input named in parentheses: ``x.py (models[0].source)``)."""
     import re
 
-    def rename(match: re.Match[str]) -> str:
-        path = match.group(1)
+    def argument_of(path: str) -> str | None:
         for key, argument in ARGUMENTS:
             if path == key or path.startswith((f"{key}.", f"{key}[")):
-                return f"rpx profile: {argument}: "
-        return match.group(0)
+                return argument
+        return None
 
-    return re.sub(r"rpx profile: ([A-Za-z_][\w.\[\]]*): ", rename, message)
+    def rename(match: re.Match[str]) -> str:
+        argument = argument_of(match.group(1))
+        return f"rpx profile: {argument}: " if argument else match.group(0)
+
+    def rename_role(match: re.Match[str]) -> str:
+        argument = argument_of(match.group(1))
+        return f"({argument})" if argument else match.group(0)
+
+    message = re.sub(r"rpx profile: ([A-Za-z_][\w.\[\]]*): ", rename, message)
+    return re.sub(r"\((models\[0\][\w.\[\]]*)\)", rename_role, message)
 
 
 def _identity(source: str) -> str:
@@ -123,8 +132,10 @@ def profile(args: argparse.Namespace) -> int:
     from rpx_core.commands.common import load_plugins
     from rpx_core.exit_codes import ExitCode
     from rpx_core.registry.sources import parse_shape
-    from rpx_core.results.safe_write import atomic_write
+    from rpx_core.results.safe_write import Input, atomic_write, check_output
     from rpx_core.show.console import RunConsole, choose_mode, print_tables
+    from rpx_core.show.text import echo
+    from rpx_core.spec.inputs import spec_inputs
     from rpx_core.spec.schema import spec_from_dict
     from rpx_core.spec.starter import relocate, render, spec_data
 
@@ -137,16 +148,19 @@ def profile(args: argparse.Namespace) -> int:
         data["output"] = args.output
     plugins = load_plugins(args)
     spec = spec_from_dict(data, where="rpx profile", base_dir=".")
-    if args.save_spec:
-        saved = Path(args.save_spec)
-        atomic_write(saved, render(relocate(data, saved.parent)))
-        print(f"spec: {saved}")
     output = spec.output_path()
     if not args.output:
         refuse_other_models_results(output, spec.models[0].source)
+    if args.save_spec:  # both files checked before either is written; the run checks its output again
+        saved = Path(args.save_spec)
+        inputs = spec_inputs(spec, plugins)
+        check_output(output, [*inputs, Input(saved, "the spec --save-spec writes")])
+        check_output(saved, [*inputs, Input(output, "the results file of this run")])
+        atomic_write(saved, render(relocate(data, saved.parent)), inputs)
+        echo(f"spec: {saved}")
     with RunConsole(choose_mode(quiet=False, events=None)) as console:
         result = run_spec(spec, output=output, plugins=plugins, stages=stages, observer=console, where="rpx profile")
     print_tables(result, plugins.stages(spec.choose).in_load_order())
-    print(f"results: {output}")
+    echo(f"results: {output}")
     return ExitCode.OK if result.ok else ExitCode.FAILED
 

@@ -15,16 +15,19 @@ def register(command: Any) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rpx_core.commands.common import declared_stages, load_plugins, load_results
+    from rpx_core.commands.common import checked_output, declared_stages, load_plugins, load_results
     from rpx_core.errors import RpxError
-    from rpx_core.results.safe_write import atomic_write
+    from rpx_core.results.safe_write import Input, atomic_write
     from rpx_core.show import report
+    from rpx_core.show.text import echo
 
     output = Path(args.output)
     if output.suffix.lower() not in (".html", ".htm"):
         raise RpxError(f"{output}: the report file must end in .html")
     plugins = load_plugins(args, tolerant=True)
+    read = [Input(Path(path), "a results file the report shows") for path in args.results]
+    inputs = checked_output(output, plugins, read)
     html = report.render([(path, load_results(path, plugins)) for path in args.results], declared_stages(plugins))
-    atomic_write(output, html)
-    print(f"report: {output}")
+    atomic_write(output, html, inputs)
+    echo(f"report: {output}")
     return 0

@@ -74,7 +74,7 @@ class StageContext:
 
     @contextlib.contextmanager
     def setup_phase(self, phase: str) -> Iterator[None]:
-        """Time the enclosed setup work as ``phase`` ("import", "build", "place"), not as the stage's own."""
+        """Time the enclosed setup work as ``phase`` ("import", "build", "place", "inputs"), not as the stage's own."""
         started = time.perf_counter()
         try:
             yield
@@ -131,12 +131,19 @@ class StageContext:
                 self.cache["model"] = self.backend.place_model(built, self.job.precision, self.job.device)
         return self.cache["model"]
 
-    def inputs(self, batch_size: int = 1) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Positional and keyword inputs at ``batch_size``, created on the device once per batch size."""
+    def inputs(self, batch_size: int | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Positional and keyword inputs at ``batch_size`` (None: the job's inputs as written), created on the device
+        once per batch size."""
         key = f"inputs@{batch_size}"
         if key not in self.cache:
-            self.cache[key] = self.backend.make_inputs(self.job.model, batch_size, self.job.precision, self.job.device)
+            self.cache[key] = self.fresh_inputs(batch_size)
         return self.cache[key]
+
+    def fresh_inputs(self, batch_size: int | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Inputs at ``batch_size`` made anew and not kept (a throughput row's, dropped with it), timed as the
+        "inputs" setup phase: making them is not the stage's own time."""
+        with self.setup_phase("inputs"):
+            return self.backend.make_inputs(self.job.model, batch_size, self.job.precision, self.job.device)
 
     def release(self) -> None:
         """Drop live objects (model, inputs) so the next job starts with the memory they held."""

@@ -71,11 +71,15 @@ class Executor:
     """A registration object: subclass it, set ``name`` and ``description``, implement :meth:`run`.
 
     ``options`` is an attrs class for the spec's ``[execution.executor_options]`` table (checked with key paths like
-    stage options), or None when the executor takes none."""
+    stage options), or None when the executor takes none; ``requires`` and ``install`` name the library it needs."""
 
     name: str = ""
     description: str = ""
     options: type | None = None
+    #: Top-level modules ``run`` imports (a cluster library): ``rpx validate`` finds them without importing them and
+    #: names ``execution.executor`` with ``install`` when one is missing.
+    requires: tuple[str, ...] = ()
+    install: str = ""
 
     def run(self, items: Sequence[WorkItem], env: Environment) -> None:
         """Run every item, reporting each one's events through ``item.report``; return when all are reported.

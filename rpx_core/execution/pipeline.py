@@ -33,7 +33,7 @@ from rpx_core.results.resume import Resumed, resume_from
 from rpx_core.results.safe_write import OutputError, OutputLock
 from rpx_core.results.summary import summarise
 from rpx_core.results.writer import ResultsFile, now
-from rpx_core.spec.checks import run_inputs
+from rpx_core.spec.inputs import spec_inputs
 from rpx_core.spec.limits import Execution
 from rpx_core.spec.plan import Plan
 from rpx_core.version import __version__
@@ -83,7 +83,8 @@ def run_plan(
                                result_types) if resume and output is not None else None
         start = attrs.evolve(previous.run, unfinished=None, provenance=attrs.evolve(
             previous.run.provenance, finished=None, command=record.command)) if previous else RunResult(provenance=record)
-        results = ResultsFile(start, output, fmt, run_inputs(plan, spec_path), tuple(job.name for job in plan.jobs))
+        results = ResultsFile(start, output, fmt, tuple(spec_inputs(spec, plugins, spec_path)),
+                              tuple(job.name for job in plan.jobs))
         results.update()  # the file exists (and its folder is writable) before anything is measured
         for job in plan.jobs:
             if job.backend in unavailable:

@@ -188,6 +188,11 @@ class Backend:
     def read_peak_memory(self, device: str) -> MemoryPeak:
         return MemoryPeak(method=f"unsupported: backend {self.name!r} has no peak-memory read-out")
 
+    def device_processes(self, device: str) -> tuple[str, ...] | None:
+        """Other processes using ``device`` now, as "pid name" (a measurement beside them is marked); None when the
+        runtime cannot tell (the default, and host devices, whose competition the CPU times show)."""
+        return None
+
     def is_out_of_memory(self, exc: BaseException) -> bool:
         """True when ``exc`` is this runtime's out-of-memory error."""
         return isinstance(exc, MemoryError)

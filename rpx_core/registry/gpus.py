@@ -9,10 +9,9 @@ Imported by ``rpx gpus`` at start-up, so it must stay free of torch and numpy.
 
 from __future__ import annotations
 
-import difflib
 import re
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
@@ -20,9 +19,10 @@ from typing import Any
 import attrs
 import cattrs
 
-from rpx_core.convert import describe_errors, make_converter
-from rpx_core.errors import RpxError, UnsupportedError, did_you_mean
-from rpx_core.precision import PRECISIONS, check_precision
+from rpx_core.convert import converter, describe_errors
+from rpx_core.errors import RpxError, UnsupportedError, closest, did_you_mean
+from rpx_core.precision import PrecisionName, check_precision
+from rpx_core.safe_read import read_text
 
 #: Market segments a pack entry can declare.
 SEGMENTS = ("datacenter", "workstation", "consumer", "edge", "soc", "mobile")
@@ -48,14 +48,46 @@ class MissingPeakError(UnsupportedError):
     """The GPU's pack has no peak for this precision; rpx never substitutes another precision's peak."""
 
 
+#: The largest figure a pack may give (TFLOP/s, GB/s, GB): a million times today's largest parts; above it, the unit
+#: is wrong (a figure in FLOP/s where TFLOP/s belong), and a bound divided by it would round to zero.
+MAX_FIGURE = 1e6
+
+
+def _figure(_: Any, attribute: attrs.Attribute, value: float | None) -> None:
+    """A pack's figure is above 0 and at most MAX_FIGURE (the converter already refuses nan, inf and strings)."""
+    if value is None:
+        return
+    if not value > 0:
+        raise ValueError(f"must be greater than 0, got {value:g}")
+    if value > MAX_FIGURE:
+        raise ValueError(f"must be at most {MAX_FIGURE:g}, got {value:g}; is the unit right (TFLOP/s, GB/s, GB)?")
+
+
+def _sparse(instance: Any, attribute: attrs.Attribute, value: float | None) -> None:
+    _figure(instance, attribute, value)
+    dense = getattr(instance, "tflops", None)  # absent when it was refused itself
+    if value is not None and isinstance(dense, float) and value < dense:
+        raise ValueError("smaller than the dense tflops; the dense figure goes in tflops")
+
+
+def _note(instance: Any, attribute: attrs.Attribute, value: str | None) -> None:
+    if instance.estimate and not value:
+        raise ValueError("an estimate needs a note saying how it was obtained")
+
+
+def _segment(_: Any, attribute: attrs.Attribute, value: str) -> None:
+    if value not in SEGMENTS:
+        raise ValueError(f"unknown segment {value!r}{did_you_mean(value, SEGMENTS)}")
+
+
 @attrs.frozen
 class Peak:
     """One precision's vendor peak, dense, at boost clock. Dense because 2:4 sparsity needs pruned weights."""
 
-    tflops: float  # dense peak in 1e12 FLOP/s (int8: 1e12 integer op/s, i.e. TOPS)
-    sparse_tflops: float | None = None  # the datasheet's 2:4-sparsity headline, same unit; shown, never used by default
+    tflops: float = attrs.field(validator=_figure)  # dense peak in 1e12 FLOP/s (int8: 1e12 integer op/s, i.e. TOPS)
+    sparse_tflops: float | None = attrs.field(default=None, validator=_sparse)  # the datasheet's 2:4-sparsity headline, same unit; shown, never used by default
     estimate: bool = False  # true when the figure is derived or uncertain; `note` then says how it was obtained
-    note: str | None = None  # derivation, accumulate precision or other caveat
+    note: str | None = attrs.field(default=None, validator=_note)  # derivation, accumulate precision or other caveat
 
 
 @attrs.frozen
@@ -64,15 +96,15 @@ class GPUSpec:
 
     name: str  # canonical name, e.g. "H100-SXM"
     vendor: str  # e.g. "NVIDIA"
-    segment: str  # one of SEGMENTS
+    segment: str = attrs.field(validator=_segment)  # one of SEGMENTS
     #: The vendor's nominal capacity read as GB = 1e9 bytes. Vendors' "80 GB" is often 80 GiB, so this understates the
     #: physical capacity by up to 7%, which roughly absorbs the runtime's own reservation: a conservative fit test.
-    memory_gb: float
+    memory_gb: float = attrs.field(validator=_figure)
     memory_type: str  # e.g. "HBM3", "GDDR6X", "LPDDR5 (unified, shared with the CPU)"
-    bandwidth_gb_s: float  # peak DRAM bandwidth in GB/s, 1 GB = 1e9 bytes
+    bandwidth_gb_s: float = attrs.field(validator=_figure)  # peak DRAM bandwidth in GB/s, 1 GB = 1e9 bytes
     #: Precision -> dense peak. fp32 is the vector (non-tensor-core) rate; tf32, fp16, bf16, fp8 and int8 are
     #: tensor/matrix-core rates; int8 figures are integer op/s (TOPS) in the same field.
-    peaks: dict[str, Peak]
+    peaks: dict[PrecisionName, Peak]
     source: str  # the datasheet or page the figures come from (title and/or URL)
     aliases: tuple[str, ...] = ()  # other names, including what torch.cuda.get_device_name() reports
     notes: str | None = None  # caveats that apply to the whole entry (power mode, shared memory, ...)
@@ -137,67 +169,56 @@ class _PackHeader:
     description: str | None = None
 
 
-@attrs.frozen
-class _PackFile:
-    """A whole pack file: one [pack] table and the [[gpu]] entries."""
-
-    pack: _PackHeader
-    gpu: list[GPUSpec]
+#: The top-level keys of a pack file.
+_PACK_KEYS = ("pack", "gpu")
 
 
 def load_pack(path: Path | Traversable, *, provider: str) -> GPUPack:
     """Load and check one pack file; ``provider`` names the distribution that ships it, e.g. "rpx 0.1.0".
 
-    Raises GPUPackError with one line per problem: ``file: gpu[3].peaks.fp16.tflops: expected a number`` (gpu indices
-    count from 0, in file order).
+    Raises GPUPackError with one line per problem, every problem of the file at once: ``file:
+    gpu[3].peaks.fp16.tflops: expected a number`` (gpu indices count from 0, in file order).
     """
     where = str(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
+        data = tomllib.loads(read_text(path) if isinstance(path, Path) else path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
         raise GPUPackError(f"{where}: cannot read the pack: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise GPUPackError(f"{where}: invalid TOML: {exc}") from exc
-    try:
-        parsed = _PACK_CONVERTER.structure(data, _PackFile)
-    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
-        raise GPUPackError("\n".join(f"{where}: {_dotted(line)}" for line in describe_errors(exc))) from exc
-    problems = [*_loader_only_keys(data), *_entry_problems(parsed.gpu)]
-    if problems:
+    problems: list[str] = [f"{key}: unknown key {key!r}{did_you_mean(key, _PACK_KEYS)}" for key in data
+                           if key not in _PACK_KEYS]
+    header = _structured(data.get("pack"), _PackHeader, "pack", problems)
+    entries = data.get("gpu")
+    if not isinstance(entries, list) or not entries:
+        problems.append("gpu: a pack needs at least one [[gpu]] entry")
+        entries = []
+    specs: list[tuple[int, GPUSpec]] = []
+    for index, entry in enumerate(entries):
+        if isinstance(entry, dict) and "pack" in entry:  # set by the loader: a file's own would be overwritten
+            problems.append(f"gpu[{index}]: unknown key 'pack'; the pack is named by its [pack] table")
+            continue
+        spec = _structured(entry, GPUSpec, f"gpu[{index}]", problems)
+        if spec is not None:
+            specs.append((index, spec))
+    problems += _entry_problems(specs)
+    if problems or header is None:
         raise GPUPackError("\n".join(f"{where}: {problem}" for problem in problems))
-    header = parsed.pack
-    pack = GPUPack(
-        name=header.name,
-        version=header.version,
-        source=header.source,
-        provider=provider,
-        gpus=(),
-        description=header.description,
-    )
-    return attrs.evolve(pack, gpus=tuple(attrs.evolve(spec, pack=pack.label) for spec in parsed.gpu))
+    pack = GPUPack(name=header.name, version=header.version, source=header.source, provider=provider, gpus=(),
+                   description=header.description)
+    return attrs.evolve(pack, gpus=tuple(attrs.evolve(spec, pack=pack.label) for _, spec in specs))
 
 
-def _strict(kind: type, description: str, accepts: tuple[type, ...]) -> Callable[[Any, type], Any]:
-    """A structure hook that refuses conversions cattrs would otherwise make ("1.5" -> 1.5, 1 -> "1", "no" -> True)."""
-
-    def hook(value: Any, _: type) -> Any:
-        if not isinstance(value, accepts) or (isinstance(value, bool) and kind is not bool):
-            raise TypeError(f"expected {description}, got {type(value).__name__} {value!r}")
-        return kind(value)
-
-    return hook
-
-
-def _pack_converter() -> cattrs.Converter:
-    """The project's converter, made strict: packs are typed by hand, so a quoted number is a mistake to report."""
-    converter = make_converter()
-    converter.register_structure_hook(float, _strict(float, "a number", (int, float)))
-    converter.register_structure_hook(str, _strict(str, "a string", (str,)))
-    converter.register_structure_hook(bool, _strict(bool, "true or false", (bool,)))
-    return converter
-
-
-_PACK_CONVERTER = _pack_converter()
+def _structured(data: Any, cls: type, path: str, problems: list[str]) -> Any:
+    """``data`` as ``cls``, or None with its problems added (each entry on its own, so one bad entry hides nothing)."""
+    if data is None:
+        problems.append(f"{path}: required key is missing")
+        return None
+    try:
+        return converter.structure(data, cls)
+    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+        problems.extend(_dotted(line) for line in describe_errors(exc, path))
+        return None
 
 
 def _dotted(line: str) -> str:
@@ -205,48 +226,19 @@ def _dotted(line: str) -> str:
     return re.sub(r"\['([^']*)'\]", r".\1", line)
 
 
-def _loader_only_keys(data: dict[str, Any]) -> list[str]:
-    """`pack` is filled in by the loader; a file that sets it per GPU would be silently overwritten, so refuse it."""
-    return [
-        f"gpu[{index}]: unknown key 'pack'; the pack is named by its [pack] table"
-        for index, entry in enumerate(data["gpu"])
-        if "pack" in entry
-    ]
-
-
-def _entry_problems(specs: list[GPUSpec]) -> list[str]:
-    """Checks the type system cannot express: positive figures, known precisions and segments, unique names."""
-    problems = [] if specs else ["gpu: a pack needs at least one [[gpu]] entry"]
+def _entry_problems(specs: list[tuple[int, GPUSpec]]) -> list[str]:
+    """Checks across entries: a peak at least, and names and aliases used once in the pack."""
+    problems = []
     first_use: dict[str, str] = {}
-    for index, spec in enumerate(specs):
+    for index, spec in specs:
         where = f"gpu[{index}]"
-        problems += _positive(where, memory_gb=spec.memory_gb, bandwidth_gb_s=spec.bandwidth_gb_s)
-        if spec.segment not in SEGMENTS:
-            problems.append(f"{where}.segment: unknown segment {spec.segment!r}{did_you_mean(spec.segment, SEGMENTS)}")
         if not spec.peaks:
             problems.append(f"{where}.peaks: no peaks; give at least one precision's dense figure")
-        for precision, peak in spec.peaks.items():
-            problems += _peak_problems(f"{where}.peaks.{precision}", precision, peak)
         for name in (spec.name, *spec.aliases):
             previous = first_use.setdefault(_normalise(name), where)
             if previous != where:
                 problems.append(f"{where}: name {name!r} is already used by {previous}")
     return problems
-
-
-def _peak_problems(where: str, precision: str, peak: Peak) -> list[str]:
-    problems = _positive(where, tflops=peak.tflops)
-    if precision not in PRECISIONS:
-        problems.append(f"{where}: unknown precision {precision!r}{did_you_mean(precision, PRECISIONS)}")
-    if peak.sparse_tflops is not None and peak.sparse_tflops < peak.tflops:
-        problems.append(f"{where}.sparse_tflops: smaller than the dense tflops; the dense figure goes in tflops")
-    if peak.estimate and not peak.note:
-        problems.append(f"{where}.note: an estimate needs a note saying how it was obtained")
-    return problems
-
-
-def _positive(where: str, **figures: float) -> list[str]:
-    return [f"{where}.{key}: must be greater than 0, got {value}" for key, value in figures.items() if value <= 0]
 
 
 # ----------------------------------------------------------------------------------------------------------- catalogue
@@ -260,28 +252,47 @@ class GPUCatalog:
     commands that use none of the clashing ones, are unaffected.
     """
 
-    def __init__(self, packs: Iterable[GPUPack], choose: Mapping[str, str] | None = None) -> None:
+    def __init__(self, packs: Iterable[GPUPack], choose: Mapping[str, str] | None = None,
+                 problems: Iterable[str] = ()) -> None:
         self.packs = tuple(packs)
         definitions: dict[str, list[tuple[GPUPack, GPUSpec]]] = {}
         for pack in self.packs:
             for spec in pack.gpus:
                 definitions.setdefault(_normalise(spec.name), []).append((pack, spec))
-        choices = {_normalise(name): (name, pack) for name, pack in (choose or {}).items()}
-        for key, (name, _) in choices.items():
-            if key not in definitions:
-                known = [defs[0][1].name for defs in definitions.values()]
-                raise UnknownGPUError(f"choose: no pack defines GPU {name!r}{did_you_mean(name, known)}")
+        #: What is wrong with the packs this catalogue was asked to load (left out of it) and with ``choose``, one
+        #: line each; the catalogue holds every GPU that loaded.
+        self.problems = list(problems)
+        choices = self._choices(choose or {}, definitions)
         resolved: list[tuple[GPUPack, GPUSpec]] = []
         #: Normalised name -> why it cannot be used, for names several packs define without a choice.
         self._conflicts: dict[str, str] = {}
+        #: Normalised name -> every definition of it, for listings that show a clash with both providers.
+        self._clashing: dict[str, list[tuple[GPUPack, GPUSpec]]] = {}
         for key, defs in definitions.items():
             try:
                 resolved.append(_resolve(defs, choices.get(key)))
             except GPUConflictError as exc:
                 self._conflicts[key] = str(exc)
+                self._clashing[key] = defs
         self._specs = tuple(spec for _, spec in resolved)
         self._pack_of = {spec.name: pack for pack, spec in resolved}
         self._index = _index_by_name(self._specs, self._conflicts)
+
+    def _choices(self, choose: Mapping[str, str],
+                 definitions: dict[str, list[tuple[GPUPack, GPUSpec]]]) -> dict[str, tuple[str, str]]:
+        """``[choose.gpus]`` by the normalised canonical name of the GPU each entry names (by name or alias); an entry
+        naming no GPU is a problem line."""
+        canonical = {_normalise(name): key for key, defs in definitions.items()
+                     for _, spec in defs for name in (spec.name, *spec.aliases)}
+        choices = {}
+        for name, pack in choose.items():
+            key = canonical.get(_normalise(name))
+            if key is None:
+                known = [defs[0][1].name for defs in definitions.values()]
+                self.problems.append(f"choose.gpus.{name}: no pack defines GPU {name!r}{did_you_mean(name, known)}")
+            else:
+                choices[key] = (name, pack)
+        return choices
 
     def all(self) -> tuple[GPUSpec, ...]:
         """Every GPU, in pack order then file order; an unsettled clash is an error here, since "all" uses it."""
@@ -296,6 +307,17 @@ class GPUCatalog:
     def conflicts(self) -> list[str]:
         """One line per unsettled clash."""
         return list(dict.fromkeys(self._conflicts.values()))
+
+    def clashing(self, name: str | None = None) -> list[tuple[GPUPack, GPUSpec]]:
+        """Every definition of the GPUs several packs define without a choice, for listings that show the clash
+        with both providers; with ``name``, those it can mean, as :meth:`matching` reads a name."""
+        key = _normalise(name or "")
+        names = {clash: {_normalise(n) for _, spec in defs for n in (spec.name, *spec.aliases)}
+                 for clash, defs in self._clashing.items()}
+        chosen = [clash for clash, known in names.items() if key in known]
+        if not chosen and key:
+            chosen = [clash for clash, known in names.items() if any(n.startswith(key) for n in known)]
+        return [definition for clash in (chosen if name else names) for definition in self._clashing[clash]]
 
     def get(self, name: str) -> GPUSpec:
         """The GPU ``name`` means (see :meth:`matching`); AmbiguousGPUError lists the GPUs a prefix could mean,
@@ -327,12 +349,21 @@ class GPUCatalog:
         """The GPU a runtime-reported name (torch.cuda.get_device_name()) belongs to, or None if no pack lists it."""
         return self._index.get(_normalise(device_name))
 
+    def clash_of(self, name: str) -> str | None:
+        """Why the GPU called ``name`` cannot be used as it is (several packs define it), or None."""
+        return self._conflicts.get(_normalise(name))
+
+    def described(self, name: str) -> list[tuple[GPUPack, GPUSpec]]:
+        """Every definition ``name`` can mean, for showing in full: the GPUs :meth:`matching` finds, and each
+        definition of a clashing GPU it names."""
+        return [(self.pack_of(spec), spec) for spec in self.matching(name)] + self.clashing(name)
+
     def pack_of(self, gpu: GPUSpec) -> GPUPack:
         """The pack whose definition of ``gpu`` the catalogue uses."""
         return self._pack_of[gpu.name]
 
     def _suggestions(self, name: str) -> list[str]:
-        close_keys = difflib.get_close_matches(_normalise(name), list(self._index), n=5, cutoff=0.5)
+        close_keys = closest(_normalise(name), self._index, n=5, cutoff=0.5)
         close = list(dict.fromkeys(self._index[key].name for key in close_keys))
         return close + sorted(spec.name for spec in self._specs if spec.name not in close)
 
@@ -344,7 +375,9 @@ def peak_data(peak: Peak) -> dict[str, Any]:
 
 
 def gpu_rows(catalog: GPUCatalog) -> list[dict[str, Any]]:
-    """One row per GPU for ``rpx gpus``: memory, bandwidth and, per precision, :func:`peak_data`."""
+    """One row per GPU for ``rpx gpus``: memory, bandwidth and, per precision, :func:`peak_data`; a GPU several packs
+    define without a choice has a row per pack, each with ``clash`` saying so (None for the others)."""
+    definitions = [(catalog.pack_of(spec), spec) for spec in catalog.usable()] + catalog.clashing()
     return [
         {
             "name": spec.name,
@@ -354,19 +387,19 @@ def gpu_rows(catalog: GPUCatalog) -> list[dict[str, Any]]:
             "bandwidth_gb_s": spec.bandwidth_gb_s,
             "precisions": {precision: peak_data(peak) for precision, peak in spec.peaks.items()},
             "pack": spec.pack or "",
+            "clash": catalog.clash_of(spec.name),
         }
-        for spec in catalog.usable()
+        for _, spec in definitions
     ]
 
 
-def describe_gpu(gpu: GPUSpec, catalog: GPUCatalog) -> dict[str, Any]:
-    """Everything the catalogue knows about one GPU, as plain data for ``rpx gpus NAME`` (absent fields left out;
-    each precision as :func:`peak_data`)."""
-    pack = catalog.pack_of(gpu)
+def describe_gpu(gpu: GPUSpec, pack: GPUPack, catalog: GPUCatalog) -> dict[str, Any]:
+    """Everything one pack says about one GPU, as plain data for ``rpx gpus NAME`` (absent fields left out; each
+    precision as :func:`peak_data`; ``clash`` when another pack defines it too and nothing chose between them)."""
     data = attrs.asdict(gpu, filter=lambda _, value: value is not None)
     data["aliases"] = list(gpu.aliases)
     data["peaks"] = {precision: peak_data(peak) for precision, peak in gpu.peaks.items()}
-    return {**data, "pack_version": pack.version, "pack_source": pack.source}
+    return {**data, "pack_version": pack.version, "pack_source": pack.source, "clash": catalog.clash_of(gpu.name)}
 
 
 def _resolve(definitions: list[tuple[GPUPack, GPUSpec]], choice: tuple[str, str] | None) -> tuple[GPUPack, GPUSpec]:

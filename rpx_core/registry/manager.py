@@ -3,7 +3,9 @@
 Built-in plugins (``BUILTIN``, modules of rpx_plugins) and third-party ones (entry-point group ``rpx``) load the same
 way, so both are listed and disabled alike. Loading is defensive so that ``rpx plugins`` can always show what is wrong:
 
-* a plugin that fails to import is a warning (an error with ``strict``);
+* a plugin that fails to import, or whose registration hook raises or returns anything but a list of its
+  registration objects (rpx_core.registry.returns), is left out with a warning naming it (an error with ``strict``):
+  one broken plugin never stops the tool;
 * a plugin whose hooks are malformed (an unknown ``rpx_*`` name, wrong argument names, a hook wrapper) is *invalid*:
   it is not registered, ``rpx plugins`` shows why, and every other command refuses to run with that one line;
 * a function named like a hook but missing ``@hookimpl`` is registered as if it had it (as pytest does);
@@ -15,7 +17,7 @@ Call order of a stage hook: third-party plugins in alphabetical order of their n
 
 from __future__ import annotations
 
-import difflib
+import contextvars
 import importlib
 import importlib.metadata
 import inspect
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import attrs
 import pluggy
 
-from rpx_core.errors import BackendUnavailable, PluginError, RpxError, did_you_mean
+from rpx_core.errors import BackendUnavailable, PluginError, RpxError, choose_one_of, did_you_mean
 from rpx_core.registry import hookspecs
 from rpx_core.results.records import PluginInfo
 from rpx_core.version import __version__
@@ -67,6 +69,8 @@ BUILTIN = {
     "latency": "rpx_plugins.latency",
     "batch-search": "rpx_plugins.batch_search.stage",
     "serving": "rpx_plugins.serving.stage",
+    "breakdown-torch": "rpx_plugins.breakdown.torch_stage",
+    "breakdown-jax": "rpx_plugins.breakdown.jax_stage",
     "model-sources": "rpx_plugins.sources",
     "local-executor": "rpx_plugins.executors.local",
     "ray-executor": "rpx_plugins.executors.ray",
@@ -199,7 +203,7 @@ class Plugins:
         unknown = disabled - {info.name for info in plugins._infos}
         if unknown:
             warnings.warn(f"cannot disable unknown plugin(s): {', '.join(sorted(unknown))}", PluginLoadWarning, stacklevel=2)
-        plugins._probe_registrations()
+        plugins._probe_registrations(strict)
         plugins._add_stage_hooks()
         plugins._refuse_unknown_hooks()
         invalid = [info for info in plugins._infos if info.status == "invalid"]
@@ -260,15 +264,31 @@ class Plugins:
     def _hooks_of(self, plugin: Any) -> tuple[str, ...]:
         return tuple(sorted(impl.name for impl in self._pm.get_hookcallers(plugin) or ()))
 
-    def _probe_registrations(self) -> None:
-        """Call every registration hook once: a plugin whose registration raises is invalid, named with the error."""
+    def _probe_registrations(self, strict: bool, only: str | None = None) -> None:
+        """Call every registration hook once (of plugin ``only``, when given): a plugin whose registration raises or
+        returns something else than its registration objects is left out, named with the problem."""
+        from rpx_core.registry.returns import registration_problem
+
         for hook in REGISTRATION_HOOKS:
             for impl in _implementations(getattr(self._pm.hook, hook)):
+                if only is not None and impl.plugin_name != only:
+                    continue
                 try:
-                    impl.function()
+                    problem = registration_problem(hook, impl.function())
                 except Exception as exc:
-                    self._invalidate(impl.plugin_name, f"plugin {impl.plugin_name!r}: {hook} raised "
-                                                       f"{type(exc).__name__}: {exc}")
+                    problem = f"{hook} raised {type(exc).__name__}: {exc}"
+                if problem:
+                    self._leave_out(impl.plugin_name, f"plugin {impl.plugin_name!r}: {problem}", strict)
+
+    def _leave_out(self, name: str, reason: str, strict: bool) -> None:
+        """Unregister a plugin whose registration is broken and say so once (``rpx plugins`` lists it as failed)."""
+        if strict:
+            raise PluginError(reason)
+        self._pm.unregister(name=name)
+        self._infos = [attrs.evolve(info, status="failed", error=reason, hooks=()) if info.name == name else info
+                       for info in self._infos]
+        warnings.warn(f"{reason} (continuing without it; set {STRICT_ENV}=1 to make this an error)", PluginLoadWarning,
+                      stacklevel=4)
 
     def _add_stage_hooks(self) -> None:
         """Give every declared stage its hook spec, so its implementations are checked and called like any hook."""
@@ -298,6 +318,12 @@ class Plugins:
     def register(self, plugin: Any, name: str) -> None:
         """Register a plugin object at run time (notebooks, tests); it is asked before the built-ins."""
         self._register(plugin, name, "<runtime>", "-", builtin=False)
+        if self._pm.has_plugin(name):
+            try:
+                self._probe_registrations(strict=True, only=name)
+            except PluginError:
+                self.unregister(name)
+                raise
         self._add_stage_hooks()
         self._refuse_unknown_hooks()
         info = self._info(name)
@@ -323,19 +349,40 @@ class Plugins:
         info = self._info(plugin_name)
         return f"plugin {plugin_name!r} ({info.distribution} {info.version})"
 
+    def files(self) -> list[tuple[Path, str]]:
+        """Where the loaded plugins' code and shipped GPU packs are, each with what it is, for the list of files no
+        command may write over (rpx_core.spec.inputs): a plugin module's file, or its top-level package's folder, and
+        each pack file it registers. A pack hook that raises or returns anything but paths adds nothing here: it
+        is reported where the packs are loaded."""
+        found = [(location, f"code of plugin {name!r}") for name, plugin in self._pm.list_name_plugin()
+                 if (location := code_location(plugin)) is not None]
+        for impl in _implementations(self._pm.hook.rpx_register_gpu_packs):
+            try:
+                paths = impl.function() or ()
+            except Exception:
+                continue
+            if isinstance(paths, (list, tuple)):
+                found.extend((Path(path), f"a GPU pack of plugin {impl.plugin_name!r}") for path in paths
+                             if isinstance(path, (str, os.PathLike)))
+        return found
+
     def hook_order(self, hook: str) -> list[str]:
         """The plugins implementing ``hook``, in the order they are asked."""
         caller = getattr(self._pm.hook, hook, None)
         return [impl.plugin_name for impl in _implementations(caller)] if caller is not None else []
 
     def problems(self) -> list[str]:
-        """Everything wrong with the plugin set, one line each: invalid or failed plugins and unsettled name clashes."""
+        """Everything wrong with the plugin set, one line each: invalid or failed plugins, GPU packs of plugins that
+        do not load, and unsettled name clashes (GPUs included)."""
+        from rpx_core.registry.gpus import GPUCatalog
+
         lines = [f"{info.name}: {info.status}: {info.error}" for info in self._infos if info.status in ("invalid", "failed")]
         for registry in (self.backends(), self.stages(), self.model_sources()):
             for name, providers in registry.clashes().items():
                 lines.append(f"{registry.kind} {name!r} is registered by {', '.join(map(repr, providers))}; "
                              f"choose one with [choose.{registry.kind}s]")
-        return lines
+        packs, broken = self._plugin_packs()
+        return lines + broken + GPUCatalog(packs).conflicts()
 
     # -- registrations -------------------------------------------------------------------------------------------------
 
@@ -382,58 +429,104 @@ class Plugins:
         return self._collect("rpx_register_stages", lambda s: s.name, "stage", choose.stages if choose else {})
 
     def gpu_catalog(self, extra_packs: Iterable[Path] = (), choose: Choices | None = None) -> GPUCatalog:
-        """Every GPU from plugin packs, the user's pack files and ``RPX_GPU_PACKS``; clashing names need ``[choose.gpus]``."""
-        from rpx_core.registry.gpus import GPUCatalog, load_pack
+        """Every GPU from plugin packs, the user's pack files and ``RPX_GPU_PACKS``; clashing names need
+        ``[choose.gpus]``. Never raises: a pack of the user's that does not load is left out with every problem it
+        has in ``catalog.problems``; a plugin's is left out with a warning naming the plugin."""
+        from rpx_core.registry.gpus import GPUCatalog, GPUPackError, load_pack
 
-        packs = []
+        packs, broken = self._plugin_packs()
+        for line in broken:
+            warnings.warn(line, PluginLoadWarning, stacklevel=2)
+        problems = []
+        from_env = [(Path(path), GPU_PACKS_ENV) for path in os.environ.get(GPU_PACKS_ENV, "").split(os.pathsep) if path]
+        for path, given_by in [*((Path(path), "gpu_packs") for path in extra_packs), *from_env]:
+            try:
+                packs.append(load_pack(path, provider=str(path)))
+            except GPUPackError as exc:
+                problems += [f"{given_by}: {line}" for line in str(exc).splitlines()]
+        return GPUCatalog(packs, choose=choose.gpus if choose else {}, problems=problems)
+
+    def _plugin_packs(self) -> tuple[list[Any], list[str]]:
+        """The GPU packs plugins ship, and a line for each problem of those that do not load."""
+        from rpx_core.registry.gpus import GPUPackError, load_pack
+
+        packs, problems = [], []
         for impl in _implementations(self._pm.hook.rpx_register_gpu_packs):
-            for path in impl.function() or ():
-                path = Path(path) if isinstance(path, str) else path  # Path or importlib.resources Traversable
-                info = self._info(impl.plugin_name)
-                packs.append(load_pack(path, provider=f"{info.distribution} {info.version}"))
-        from_env = [Path(path) for path in os.environ.get(GPU_PACKS_ENV, "").split(os.pathsep) if path]
-        packs.extend(load_pack(Path(path), provider=str(path)) for path in [*extra_packs, *from_env])
-        return GPUCatalog(packs, choose=choose.gpus if choose else {})
+            info = self._info(impl.plugin_name)
+            for path in impl.function() or ():  # checked when the plugin loaded (rpx_core.registry.returns)
+                path = Path(path) if isinstance(path, (str, os.PathLike)) else path  # or a Traversable
+                try:
+                    packs.append(load_pack(path, provider=f"{info.distribution} {info.version}"))
+                except GPUPackError as exc:
+                    problems += [f"plugin {impl.plugin_name!r}: GPU pack left out: {line}"
+                                 for line in str(exc).splitlines()]
+        return packs, problems
 
     # -- operator formulas ---------------------------------------------------------------------------------------------
 
     def op_formulas(self) -> list[OpFormula]:
         """Every plugin's operator formulas (``rpx_register_op_formulas``), in plugin call order, each marked with the
-        plugin that registered it; a formula built wrongly, or anything but an OpFormula, is an error naming the plugin."""
-        from rpx_core.registry.op_formula import OpFormula
-
-        found = []
-        for impl in _implementations(self._pm.hook.rpx_register_op_formulas):
-            try:
-                items = impl.function() or ()
-            except (TypeError, ValueError) as error:  # an OpFormula built wrongly
-                raise PluginError(f"plugin {impl.plugin_name!r}: rpx_register_op_formulas: {error}") from None
-            for item in items:
-                if not isinstance(item, OpFormula):
-                    raise PluginError(f"plugin {impl.plugin_name!r}: rpx_register_op_formulas returned "
-                                      f"{type(item).__name__}, not rpx_core.registry.op_formula.OpFormula")
-                found.append(attrs.evolve(item, plugin=impl.plugin_name))
-        return found
+        plugin that registered it."""
+        return [attrs.evolve(item, plugin=impl.plugin_name)  # checked when the plugin loaded (registry.returns)
+                for impl in _implementations(self._pm.hook.rpx_register_op_formulas) for item in impl.function() or ()]
 
     # -- stage hooks ---------------------------------------------------------------------------------------------------
 
-    def call_stage(self, stage: Stage, ctx: Any) -> tuple[Any, str | None]:
-        """Ask plugins in call order to run ``stage``; return the first non-None result and the plugin that produced
-        it (recorded with the result, so every figure names its source). An implementation that raises is re-raised
-        as StageHookError naming its plugin."""
+    def call_stage(self, stage: Stage, ctx: Any, *, after: str | None = None) -> tuple[Any, str | None]:
+        """Ask plugins in call order to run ``stage`` (those after plugin ``after``, when given: see
+        :func:`call_next`); return the first non-None result and the plugin that produced it (recorded with the
+        result, so every figure names its source). An implementation that raises is re-raised as StageHookError
+        naming its plugin."""
         trace = os.environ.get(TRACE_ENV) == "1"
-        for impl in _implementations(getattr(self._pm.hook, stage.hook)):
+        implementations = _implementations(getattr(self._pm.hook, stage.hook))
+        if after is not None:
+            names = [impl.plugin_name for impl in implementations]
+            implementations = implementations[names.index(after) + 1:] if after in names else []
+        for impl in implementations:
+            answering = _ANSWERING.set((stage, impl.plugin_name))
             try:
                 result = impl.function(**{name: ctx for name in impl.argnames})
+            except StageHookError:
+                raise  # a later plugin asked through call_next: it names itself
             except Exception as exc:
                 if trace:
                     print(f"rpx: hook {stage.hook} [{impl.plugin_name}] raised {type(exc).__name__}", file=sys.stderr)
                 raise StageHookError(impl.plugin_name, exc) from exc
+            finally:
+                _ANSWERING.reset(answering)
             if trace:
                 print(f"rpx: hook {stage.hook} [{impl.plugin_name}] -> {type(result).__name__}", file=sys.stderr)
             if result is not None:
                 return result, impl.plugin_name
         return None, None
+
+
+#: The stage hook this thread is in, and the plugin answering it: where :func:`call_next` continues.
+_ANSWERING: contextvars.ContextVar[tuple[Stage, str] | None] = contextvars.ContextVar("rpx_answering", default=None)
+
+
+def call_next(ctx: Any) -> Any:
+    """Inside a stage hook: the answer of the plugins asked after this one, in hook order, or None when none of them
+    answers. An override of a built-in stage gets the built-in result this way and adjusts a figure of it (its
+    plugin stays the stage's ``provided_by``: the figures are its answer)."""
+    answering = _ANSWERING.get()
+    if answering is None:
+        raise RpxError("call_next(ctx) is for a stage hook's body: no stage hook is being answered here")
+    stage, plugin = answering
+    return ctx.plugins.call_stage(stage, ctx, after=plugin)[0]
+
+
+def code_location(plugin: Any) -> Path | None:
+    """The file a plugin's code is in, or the folder of the top-level package it belongs to (a plugin module in a
+    package runs the package's other modules too); None for code not in a file."""
+    code = plugin if inspect.ismodule(plugin) or inspect.isclass(plugin) else type(plugin)
+    module = code if inspect.ismodule(code) else inspect.getmodule(code)
+    if module is None or not getattr(module, "__file__", None):
+        return None
+    top = sys.modules.get(module.__name__.partition(".")[0])
+    if top is not None and top is not module and getattr(top, "__file__", None) and hasattr(top, "__path__"):
+        return Path(top.__file__).parent
+    return Path(module.__file__).parent if hasattr(module, "__path__") else Path(module.__file__)
 
 
 def _implementations(hook: Any) -> list[Any]:
@@ -458,9 +551,3 @@ def _argument_problem(plugin: str, hook: str, function: Any, expected: tuple[str
         return f"plugin {plugin!r}: {hook}({', '.join(names)}) takes {', '.join(map(repr, unknown))}; {hook} passes: {wanted}"
     return None
 
-
-def choose_one_of(name: str, valid: Iterable[str]) -> str:
-    valid = sorted(valid)
-    close = difflib.get_close_matches(name, valid, n=3)
-    ordered = close + [v for v in valid if v not in close]
-    return f"Choose one of: {', '.join(ordered)}" if ordered else "None is registered."

@@ -10,7 +10,6 @@ source builds with: it finds it on the import path and says how to install it wh
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import re
 from collections.abc import Callable, Mapping
@@ -18,8 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import cattrs
 
-from rpx_core.errors import PluginError, RpxError, UnsupportedError
+from rpx_core.errors import PluginError, RpxError, UnsupportedError, closest
 
 if TYPE_CHECKING:
     from rpx_core.spec.schema import InputSpec, ModelSpec
@@ -54,7 +54,10 @@ class ModelSource:
     * ``inputs``: the model's inputs for an ``input_shape`` (e.g. token ids of batch x sequence).
     * ``requires``: top-level modules ``build`` imports; ``rpx validate`` finds them without importing them.
     * ``install``: how to get them, for the message when one is missing.
-    * ``check``: further problems with a target that can be seen before anything runs.
+    * ``check``: further problems with a target that can be seen before anything runs, one line each; a line that
+      starts with ``config.`` or ``kwargs.`` is about that key of the model, any other about its ``source``.
+    * ``kwargs``: an attrs class the model's ``kwargs`` table is structured into before anything runs (unknown keys
+      and wrong types are lines with their key path); None: ``build`` takes any keyword arguments.
     * ``example``: a target, for ``rpx plugins`` and messages.
     """
 
@@ -65,11 +68,12 @@ class ModelSource:
     requires: tuple[str, ...] = ()
     install: str = ""
     check: Check = _no_check
+    kwargs: type | None = None
     example: str = ""
 
     def missing(self) -> list[str]:
         """Required modules that cannot be found on the import path (found, never imported)."""
-        return [name for name in self.requires if not _findable(name)]
+        return [name for name in self.requires if not findable(name)]
 
     def missing_message(self) -> str | None:
         missing = self.missing()
@@ -79,7 +83,9 @@ class ModelSource:
         return f"model source {self.scheme!r} needs {', '.join(map(repr, missing))}, which is not installed{how}"
 
 
-def _findable(module: str) -> bool:
+def findable(module: str) -> bool:
+    """Whether ``module`` is on the import path, found without importing it (a plugin's library, checked before
+    anything runs; a module set to None in ``sys.modules`` cannot be imported, so is not found)."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
@@ -121,14 +127,28 @@ def problems(model: ModelSpec, registry: Any) -> list[str]:
     if missing:
         lines.append(f"source: {missing}")
     if target:
-        lines.extend(f"source: {line}" for line in source.check(target, model.config))
-    return lines
+        lines.extend(line if line.startswith(("config.", "kwargs.")) else f"source: {line}"
+                     for line in source.check(target, model.config))
+    return lines + kwargs_problems(model.kwargs, source.kwargs)
+
+
+def kwargs_problems(kwargs: Mapping[str, Any], options: type | None) -> list[str]:
+    """A named model's ``kwargs`` against its source's kwargs class, as ``kwargs.key: problem`` lines."""
+    if options is None:
+        return []
+    from rpx_core.convert import converter, describe_errors
+
+    try:
+        converter.structure(dict(kwargs), options)
+    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+        return describe_errors(exc, "kwargs")
+    return []
 
 
 def unknown_scheme_hint(source: str, registry: Any) -> str:
     """For an import path whose module is not found: "; did you mean the model source 'hf:'?" when the part before
     the colon is close to a registered scheme."""
-    close = difflib.get_close_matches(source.partition(":")[0], list(registry), n=1)
+    close = closest(source.partition(":")[0], registry)
     return f"; did you mean the model source '{close[0]}:'?" if close else ""
 
 
@@ -199,6 +219,9 @@ def parse_shape(text: str, what: str = "--input") -> tuple[int, ...]:
         shape = tuple(int(part) for part in parts)
     except ValueError:
         raise RpxError(f"{what}: {text!r} is not a shape; write dimensions separated by 'x', e.g. 1x128") from None
-    if any(dim < 1 for dim in shape):
-        raise RpxError(f"{what}: {text!r}: every dimension must be >= 1")
+    from rpx_core.convert import dimension_problem
+
+    problem = next((found for dim in shape if (found := dimension_problem(dim))), None)
+    if problem:
+        raise RpxError(f"{what}: {text!r}: every dimension {problem}")
     return shape

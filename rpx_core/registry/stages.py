@@ -11,6 +11,7 @@ in ``rpx_core/show`` knows no stage by name.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -21,8 +22,13 @@ from rpx_core.errors import RpxError
 #: ``summary(result, results)`` -> flat fields for table rows; ``results`` holds every successful result of the same
 #: model by stage name (so a field may combine stages, e.g. measured latency against the roofline bound).
 Summary = Callable[[Any, Mapping[str, Any]], Mapping[str, float | str]]
-#: ``check(spec, options)`` -> problems as ``"key.path: what is wrong"``, found without running anything.
-Check = Callable[[Any, Any], Iterable[str]]
+#: ``check(spec, options, gpus)`` -> problems as ``"key.path: what is wrong"``, found without running anything:
+#: ``spec`` is the spec as rpx understood it (rpx_core.spec.schema.Spec: ``models``, ``gpus``, ``precision``,
+#: ``batch_sizes``, ... with defaults filled in), ``options`` the stage's structured options (None without an options
+#: class), ``gpus`` the run's GPU catalogue (rpx_core.registry.gpus.GPUCatalog: ``gpus.get(name)`` resolves a name,
+#: an alias or a unique prefix as every other part of rpx does). A check written for ``(spec, options)`` is called
+#: with those two.
+Check = Callable[..., Iterable[str]]
 #: ``executes(options)`` -> whether the stage runs the model on the backend at the run's precision.
 Executes = Callable[[Any], bool]
 #: ``figures(models)`` -> the comparable figures (rpx_core.show.compare.Figure) any of ``models`` (one model's results
@@ -50,7 +56,7 @@ def _executes(value: Executes | bool) -> Executes:
     return value
 
 
-def _no_check(spec: Any, options: Any) -> Iterable[str]:
+def _no_check(spec: Any, options: Any, gpus: Any) -> Iterable[str]:
     return ()
 
 
@@ -75,9 +81,12 @@ class Stage:
       ``ctx`` is a RunContext with one StageContext per model).
     * ``executes``: whether, with the given options, the stage runs the model on the backend (a function of the
       options, or True/False); ``rpx validate`` then refuses a precision the backend cannot execute.
+    * ``after``: stages this one runs after whenever both are in a job, without needing them (a stage that would
+      disturb another's measurement, as a profiler would a latency, runs after it).
     * ``measures``: whether the stage times the machine it runs on (latency, memory under load); a job with such a
       stage runs alone on its machine (the local executor runs it by itself, a cluster gives it a whole GPU).
-    * ``check``: spec problems this stage can see before anything runs (e.g. the roofline needs GPUs).
+    * ``check``: spec problems this stage can see before anything runs (e.g. the roofline needs GPUs); see
+      :data:`Check` for its arguments, and :func:`check_problems` for how it is called.
     * ``summary``: the flat fields this stage's result adds to its model's ``summary`` table.
     * ``tables``: :class:`rpx_core.show.tables.TableView` objects, each building one table from a results file.
     * ``figures``: its comparable figures (:class:`rpx_core.show.compare.Figure`), and ``traits``, the facts they
@@ -90,6 +99,7 @@ class Stage:
     description: str
     result: type | None = None
     needs: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
     options: type | None = None
     scope: Literal["model", "run"] = attrs.field(default="model", validator=attrs.validators.in_(("model", "run")))
     executes: Executes = attrs.field(default=_never, converter=_executes)
@@ -109,8 +119,42 @@ class Stage:
         return f"rpx_{self.name}"
 
 
+def check_problems(stage: Stage, spec: Any, options: Any, gpus: Any, provider: str) -> list[str]:
+    """What ``stage.check`` finds in ``spec``. A check that raises, or returns anything but lines of text, is a line
+    naming the stage and ``provider`` (the plugin that declared it): a plugin's mistake never stops ``validate``."""
+    try:
+        found = list(stage.check(*(spec, options, gpus)[: _positional_count(stage.check)]))
+    except Exception as exc:  # a plugin's check: anything it raises is reported, naming it
+        return [f"stages: the check of stage {stage.name!r} (plugin {provider!r}) raised {type(exc).__name__}: {exc}"]
+    wrong = next((line for line in found if not isinstance(line, str)), None)
+    if wrong is not None:
+        return [f"stages: the check of stage {stage.name!r} (plugin {provider!r}) returned {type(wrong).__name__} "
+                f"{wrong!r}, not a line of text"]
+    return found
+
+
+def _positional_count(function: Callable[..., Any]) -> int:
+    """How many of (spec, options, gpus) ``function`` takes: 3, or 2 for a check written before ``gpus``."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return 3
+    if any(parameter.kind is parameter.VAR_POSITIONAL for parameter in parameters):
+        return 3
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return 2 if len(positional) == 2 else 3
+
+
 def resolve_order(requested: Iterable[str], stages: Mapping[str, Stage]) -> list[str]:
-    """Requested stages plus everything they need, dependencies first, otherwise in request order."""
+    """Requested stages plus everything they need, dependencies (and the stages each runs ``after``, when they are
+    in the job too) first, otherwise in request order."""
+    requested = list(requested)
+    planned = _plan_order(requested, stages, set())
+    return _plan_order(requested, stages, set(planned))
+
+
+def _plan_order(requested: list[str], stages: Mapping[str, Stage], present: set[str]) -> list[str]:
+    """The order visiting ``needs``, and ``after`` where that stage is in ``present``."""
     order: list[str] = []
     visiting: list[str] = []
 
@@ -126,6 +170,9 @@ def resolve_order(requested: Iterable[str], stages: Mapping[str, Stage]) -> list
         visiting.append(name)
         for need in stages[name].needs:
             visit(need, name)
+        for earlier in stages[name].after:
+            if earlier in present:
+                visit(earlier, name)
         visiting.pop()
         order.append(name)
 

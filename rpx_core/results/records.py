@@ -38,7 +38,8 @@ class StageRecord:
     result: Any = None
     stderr_tail: str | None = None  # the last output of a worker that crashed, timed out or exited in this stage
     #: Seconds of setup that happened during this stage ("import": frameworks and the model's module, "build": the
-    #: model factory or copy, "place": moving/casting it to the device), excluded from ``seconds``.
+    #: model factory or copy, "place": moving/casting it to the device, "inputs": making the inputs a measured stage
+    #: runs, JAX's compilation of their random draws included), excluded from ``seconds``.
     setup: dict[str, float] = attrs.Factory(dict)
 
 
@@ -64,7 +65,7 @@ class ModelResult:
     #: backend, machine) -> its value, so sweep results read as one table; None outside a sweep.
     coordinates: dict[str, int | str] | None = None
     node: str | None = None  # the cluster node the job ran on (cluster executors); None: this machine
-    #: Seconds of setup by phase ("import", "build", "place"), summed over the stages during which it happened;
+    #: Seconds of setup by phase ("import", "build", "place", "inputs"), summed over the stages during which it happened;
     #: no stage's ``seconds`` includes them.
     setup: dict[str, float] = attrs.Factory(dict)
     notes: str | None = None  # the spec's free-text notes on this model

@@ -16,7 +16,8 @@ import attrs
 from rpx_core.convert import converter, describe_errors
 from rpx_core.errors import RpxError
 from rpx_core.results.records import SCHEMA_VERSION, ModelResult, RunResult, StageRecord, _more, to_data, typed
-from rpx_core.results.safe_write import atomic_write
+from rpx_core.results.safe_write import Input, atomic_write
+from rpx_core.safe_read import RESULTS_LIMIT, read_text
 
 
 class ModelCache:
@@ -116,7 +117,7 @@ def _toml(data: dict[str, Any], run: RunResult, cache: ModelCache | None) -> str
     return text
 
 
-def write(run: RunResult, path: Path, fmt: Literal["toml", "json"] | None = None, protected: Iterable[Path] = (),
+def write(run: RunResult, path: Path, fmt: Literal["toml", "json"] | None = None, protected: Iterable[Input] = (),
           cache: ModelCache | None = None) -> Path:
     """Write atomically to a regular file or a new path that is none of ``protected`` (see rpx_core.results.safe_write)."""
     return atomic_write(path, dumps(run, fmt or format_for(path), cache), protected)
@@ -160,7 +161,7 @@ def load(path: str | Path, result_types: Mapping[str, type | None] | None = None
     """Load a results file written by ``rpx run`` (TOML or JSON, by suffix); see :func:`loads`."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_text(path, RESULTS_LIMIT)
     except FileNotFoundError:
         raise RpxError(f"{path}: no such results file") from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import attrs
 
 from rpx_core.results.records import ModelResult, RunResult
-from rpx_core.results.safe_write import OutputError
+from rpx_core.results.safe_write import Input, OutputError
 from rpx_core.results.serialise import ModelCache, write
 
 
@@ -42,7 +42,7 @@ class ResultsFile:
     sweep's file takes tens of milliseconds). An error of such a write is raised by the next update or write."""
 
     def __init__(self, run: RunResult, path: Path | None, fmt: Literal["toml", "json"] | None = None,
-                 protected: tuple[Path, ...] = (), order: tuple[str, ...] = ()) -> None:
+                 protected: tuple[Input, ...] = (), order: tuple[str, ...] = ()) -> None:
         self.run = run
         self.path = path
         self.fmt = fmt

@@ -15,6 +15,8 @@ from typing import Any
 import attrs
 
 from rpx_core.errors import RpxError
+from rpx_core.results.safe_write import Input, atomic_write
+from rpx_core.show.text import shown
 
 
 @attrs.frozen
@@ -60,17 +62,20 @@ def colour(kind: str, name: str) -> str:
 
 
 def plain(text: str) -> str:
-    """``text`` as matplotlib draws it literally: a name from data is never read as mathtext (``$1_$2``)."""
-    return text.replace("$", r"\$")
+    """``text`` as matplotlib draws it literally: a name from data is never read as mathtext (``$1_$2``), and a
+    control character in it is drawn as its escape (rpx_core.show.text), as on the terminal."""
+    return shown(text).replace("$", r"\$")
 
 
-def save(figure: Any, path: Path) -> None:
-    """PNG or SVG by the suffix."""
+def save(figure: Any, path: Path, inputs: Iterable[Input] = ()) -> None:
+    """PNG or SVG by the suffix, written atomically and never over one of ``inputs`` (rpx_core.results.safe_write)."""
     suffix = path.suffix.lower()
     if suffix not in (".png", ".svg"):
         raise RpxError(f"{path}: the chart file must end in .png or .svg")
-    figure.savefig(path, dpi=120)
+    out = io.BytesIO()
+    figure.savefig(out, format=suffix[1:], dpi=120)
     pyplot().close(figure)
+    atomic_write(path, out.getvalue(), inputs)
 
 
 def svg_text(figure: Any) -> str:

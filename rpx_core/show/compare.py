@@ -21,6 +21,7 @@ import attrs
 
 from rpx_core.show import units
 from rpx_core.show.tables import Cell, Table
+from rpx_core.types.counts import tensor_text
 
 
 @attrs.frozen
@@ -74,12 +75,22 @@ def traits(run: Any, model: Any, stages: Mapping[str, Any]) -> dict[str, Any]:
     found: dict[str, Any] = {
         SCHEMA: run.schema_version,
         PRECISION: model.precision,
-        SHAPES: tuple((tuple(i.get("shape", ())), i.get("dtype")) for i in spec_model.get("inputs", [])),
+        SHAPES: written_inputs(spec_model.get("inputs", [])),
     }
     for stage in stages.values():
         if stage.traits is not None:
             found.update(stage.traits(run, model))
     return found
+
+
+def written_inputs(inputs: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """A spec's input tables in the one normal form every stage records shapes in ("float32[1,3,32,32]", positional
+    then "name=..."), so a shape written by one framework's stage and by the spec compare by meaning."""
+    def text(table: Mapping[str, Any]) -> str:
+        return tensor_text(table.get("dtype", "float32"), table.get("shape", ()))
+
+    return (*(text(i) for i in inputs if not i.get("name")),
+            *(f"{i['name']}={text(i)}" for i in inputs if i.get("name")))
 
 
 def differences(first: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:

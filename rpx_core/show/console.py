@@ -7,21 +7,21 @@ Four modes, one observer interface (``console(model, event)`` for every :mod:`rp
 * ``jsonl``: one JSON object per event on stdout, for scripts and CI (the results path is the last event);
 * ``quiet``: nothing but failed stages.
 
-Progress and stage lines go to stderr in the human modes, so stdout holds only the summary tables.
+Progress and stage lines go to stderr in the human modes, so stdout holds only the summary tables. Model and stage
+names and errors are shown as text (rpx_core.show.text), never as terminal escapes or rich markup.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any, Literal, TextIO
 
 from rpx_core.execution.progress import Progress
 from rpx_core.execution.tasks import Finished, Started
 from rpx_core.show import units
+from rpx_core.show.text import shown
 
 Mode = Literal["live", "plain", "jsonl", "quiet"]
 
@@ -51,6 +51,7 @@ class RunConsole:
         self._live: Any = None
         self._tasks: dict[tuple[str, str], Any] = {}
         self._phases: dict[Any, str] = {}
+        self._status: Any = None  # the live display's note line, until the first stage starts
 
     def __enter__(self) -> RunConsole:
         if self.mode == "live":
@@ -77,23 +78,17 @@ class RunConsole:
             self._live.stop()
             self._live = None
 
-    @contextlib.contextmanager
-    def starting(self, text: str) -> Iterator[None]:
-        """On a terminal, ``text`` with a spinner while rpx gets ready (checking the spec, loading plugins), erased
-        when it is ready or has failed: the screen is never blank, and an error stays its one line."""
-        if self.mode != "live":
-            yield
-            return
-        from rich.console import Console
-
-        with Console(file=self.err).status(f"rpx: {text}"):
-            yield
-
     def note(self, text: str) -> None:
-        """A line about what the run is doing before any stage starts (human modes only): a terminal is never left
-        blank while the spec is checked and the workers import the framework."""
-        if self.mode in ("live", "plain"):
-            print(f"rpx: {text}", file=self.err, flush=True)
+        """What the run is doing before its first stage starts (checking the spec, starting the workers), on a
+        terminal only: a spinner line, replaced by the next note and gone when the first stage starts or the run
+        ends, so the screen is never blank and an error stays its one line."""
+        if self.mode != "live" or self._live is None:
+            return
+        label = f"rpx: {shown(text)}"
+        if self._status is None:
+            self._status = self._live.add_task(label, total=None)
+        else:
+            self._live.update(self._status, description=label)
 
     # -- events ------------------------------------------------------------------------------------------------------
 
@@ -110,9 +105,12 @@ class RunConsole:
         if self.mode == "jsonl":
             self._emit({"event": "stage_started", "model": model, "stage": stage})
         elif self.mode == "plain":
-            print(f"  {model:<20} {stage:<18} running", file=self.err, flush=True)
+            print(f"  {shown(model):<20} {shown(stage):<18} running", file=self.err, flush=True)
         elif self.mode == "live":
-            self._tasks[(model, stage)] = self._live.add_task(f"{model} · {stage}", total=None)
+            if self._status is not None:  # the first stage: the notes have said their piece
+                self._live.remove_task(self._status)
+                self._status = None
+            self._tasks[(model, stage)] = self._live.add_task(_markup(f"{model} · {stage}"), total=None)
 
     def _on_progress(self, model: str, event: Progress) -> None:
         key = (model, event.stage, event.phase)
@@ -121,7 +119,7 @@ class RunConsole:
             self._emit({"event": "progress", "model": model, "stage": event.stage, "phase": event.phase,
                         "done": event.done, "total": event.total, "eta_s": eta(started, event)})
         elif self.mode == "live" and (model, event.stage) in self._tasks:
-            task, label = self._tasks[(model, event.stage)], f"{model} · {event.stage} · {event.phase}"
+            task, label = self._tasks[(model, event.stage)], _markup(f"{model} · {event.stage} · {event.phase}")
             if self._phases.get(task) != event.phase:  # a new phase: its own clock, so the time left is its own
                 self._phases[task] = event.phase
                 self._live.reset(task, description=label, total=event.total, completed=event.done)
@@ -139,8 +137,9 @@ class RunConsole:
             return
         if self.mode == "quiet" and record.status == "ok":
             return
-        line = f"  {model:<20} {stage:<18} {record.status:<8} {units.seconds(seconds) if seconds is not None else ''}"
-        line = f"{line}  {reason}".rstrip() if reason else line.rstrip()
+        took = units.seconds(seconds) if seconds is not None else ""
+        line = f"  {shown(model):<20} {shown(stage):<18} {record.status:<8} {took}"
+        line = f"{line}  {shown(reason)}".rstrip() if reason else line.rstrip()
         if self.mode == "live":
             task = self._tasks.pop((model, stage), None)
             if task is not None:
@@ -170,6 +169,13 @@ def print_tables(run: Any, stages: Any) -> None:
     from rpx_core.show import formats as render
 
     render.terminal(declared.tables(run, stages), [], sys.stdout)
+
+
+def _markup(text: str) -> str:
+    """``text`` for a rich progress bar's label, which reads rich markup: shown as text, brackets escaped."""
+    from rich.markup import escape
+
+    return escape(shown(text))
 
 
 def eta(started: float, event: Progress) -> float | None:

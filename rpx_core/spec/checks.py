@@ -11,14 +11,13 @@ each other, and the output is writable and none of the run's inputs.
 from __future__ import annotations
 
 import ast
-import importlib.machinery
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from rpx_core.errors import SpecError
-from rpx_core.results.safe_write import OutputError, check_target
+from rpx_core.results.safe_write import OutputError, check_output
+from rpx_core.safe_read import read_bytes
+from rpx_core.spec.inputs import module_origins, spec_inputs
 
 
 def validate(path: str | Path, plugins: Any, *, stages: tuple[str, ...] | None = None,
@@ -59,7 +58,7 @@ def checked_plan(spec: Any, plugins: Any, problems: list[str] | None = None, *, 
         problems += [line for line in plan_problems if line not in problems]
         try:
             target = output if output is not None else spec.output_path()
-        except (KeyError, IndexError, ValueError):
+        except SpecError:
             target = None  # a bad output template, already reported
         problems += run_problems(spec, plan, plugins, where=where, output=target, spec_path=spec_path)
     if problems or plan is None:
@@ -96,7 +95,7 @@ def run_problems(spec: Any, plan: Any, plugins: Any, *, where: str, output: Path
         problems += limit_problems(spec, plan)
         if output is not None:
             try:
-                check_target(output, run_inputs(plan, spec_path))
+                check_output(output, spec_inputs(spec, plugins, spec_path))
             except OutputError as exc:
                 return [f"{where}: {problem}" for problem in problems] + [str(exc)]  # names the output path first
     return [f"{where}: {problem}" for problem in problems]
@@ -114,6 +113,13 @@ def limit_problems(spec: Any, plan: Any) -> list[str]:
         if latency.warmup_seconds >= latency.max_seconds:
             problems.append(f"options.measure_latency.warmup_seconds: {latency.warmup_seconds:g} s is not less than "
                             f"max_seconds ({latency.max_seconds:g} s), which bounds the whole stage, warm-up included")
+        cap = latency.warmup_max_seconds
+        if cap is not None and cap >= latency.max_seconds:
+            problems.append(f"options.measure_latency.warmup_max_seconds: {cap:g} s is not less than max_seconds "
+                            f"({latency.max_seconds:g} s), which bounds the whole stage, warm-up included")
+        elif cap is not None and latency.warmup_seconds > cap:
+            problems.append(f"options.measure_latency.warmup_seconds: {latency.warmup_seconds:g} s of warm-up at least "
+                            f"cannot fit in warmup_max_seconds ({cap:g} s), the most it may take")
     return problems
 
 
@@ -147,26 +153,14 @@ def import_path_problem(source: str, base_dir: Path) -> str | None:
 def find_module(name: str) -> str | None:
     """The file module ``name`` would be imported from, found like ``import`` finds it but without executing any
     package's ``__init__``; ModuleNotFoundError naming the part that is missing."""
-    if name in sys.modules:
-        return getattr(sys.modules[name], "__file__", None)
-    search: list[str] | None = None
-    spec = None
-    parts = name.split(".")
-    for depth in range(len(parts)):
-        partial = ".".join(parts[: depth + 1])
-        # The top level through every finder (an editable install's finder too); below it, the package's folders.
-        spec = importlib.util.find_spec(partial) if depth == 0 else importlib.machinery.PathFinder.find_spec(partial, search)
-        if spec is None:
-            raise ModuleNotFoundError(f"no module {partial!r}", name=partial)
-        search = list(spec.submodule_search_locations or [])
-    return spec.origin if spec is not None else None
+    return module_origins(name)[-1]
 
 
 def top_level_names(path: Path) -> set[str] | None:
     """Names a module's source binds (defs, classes, assignments, imports; anywhere, so a name is never wrongly
     missing); None when a star import or a module ``__getattr__`` means only running it could tell."""
     try:
-        tree = ast.parse(path.read_bytes())
+        tree = ast.parse(read_bytes(path))
     except (OSError, SyntaxError, ValueError):
         return None
     names: set[str] = set()
@@ -185,17 +179,3 @@ def top_level_names(path: Path) -> set[str] | None:
     if "__getattr__" in names:
         return None
     return names
-
-
-def run_inputs(plan: Any, spec_path: str | None) -> tuple[Path, ...]:
-    """Every file the run reads (the spec, model and input-factory files, GPU packs): never written over."""
-    paths = [Path(spec_path)] if spec_path else []
-    sources = {source for job in plan.jobs for source in (job.model.source, job.model.input_factory)}  # a sweep's
-    for source in sorted(filter(None, sources)):  # points share their model's files: each file named once
-        module = source.rpartition(":")[0]
-        if module.endswith(".py"):
-            paths.append(Path(module))
-    paths.extend(Path(plan.spec.base_dir) / pack for pack in plan.spec.gpu_packs)
-    return tuple(dict.fromkeys(paths))
-
-

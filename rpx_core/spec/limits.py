@@ -26,13 +26,12 @@ def seconds_validator(*, allow_zero: bool = False) -> Any:
     """An attrs validator for a duration in seconds: finite, > 0 (or >= 0), and at most :data:`MAX_SECONDS`."""
 
     def check(_: Any, attribute: attrs.Attribute, value: float) -> None:
-        name = attribute.name  # worded like attrs' own validators
         if not math.isfinite(value):
-            raise ValueError(f"'{name}' must be a finite number of seconds: {value}")
+            raise ValueError(f"must be a finite number of seconds: {value}")
         if value < 0 or (value == 0 and not allow_zero):
-            raise ValueError(f"'{name}' must be {'>= 0' if allow_zero else '> 0'}: {value:g}")
+            raise ValueError(f"must be {'>= 0' if allow_zero else '> 0'}: {value:g}")
         if value > MAX_SECONDS:
-            raise ValueError(f"'{name}' must be at most a week ({MAX_SECONDS:.0f} s), is the unit right?: {value:g}")
+            raise ValueError(f"must be at most a week ({MAX_SECONDS:.0f} s), is the unit right?: {value:g}")
 
     return check
 

@@ -11,13 +11,13 @@ from typing import Any
 import attrs
 
 from rpx_core.convert import structure
-from rpx_core.errors import PluginError, RpxError, SpecError, did_you_mean
+from rpx_core.errors import PluginError, RpxError, SpecError, choose_one_of, did_you_mean
 from rpx_core.execution.context import Job
 from rpx_core.registry.backends import Backend
 from rpx_core.registry.gpus import GPUCatalog
-from rpx_core.registry.manager import Plugins, Registry, choose_one_of
-from rpx_core.registry.sources import ModelSource, resolve_inputs, resolve_target
-from rpx_core.registry.stages import Stage, resolve_order
+from rpx_core.registry.manager import Plugins, Registry
+from rpx_core.registry.sources import ModelSource, findable, resolve_inputs, resolve_target
+from rpx_core.registry.stages import Stage, check_problems, resolve_order
 from rpx_core.results.records import StageRecord
 from rpx_core.spec.schema import ModelSpec, Spec
 from rpx_core.spec.sweep import expand, sweep_problems
@@ -84,12 +84,10 @@ def plan_with_problems(spec: Spec, plugins: Plugins, *, where: str = "<spec>",
     problems += scope_problems(order, registry)
     options, option_problems = structure_options(spec, registry, order, where)
     problems += option_problems
-    try:
-        catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose)
-    except RpxError as exc:
-        return None, [f"{where}: {line}" for line in problems] + [f"{where}: gpu_packs: {exc}"]
+    catalog = plugins.gpu_catalog(gpu_pack_paths(spec), spec.choose)
+    problems += catalog.problems  # packs that do not load (every problem of each), [choose.gpus] naming no GPU
     checkable = [name for name in order if registry[name].options is None or name in options]  # options understood
-    problems += stage_problems(spec, registry, checkable, options)
+    problems += stage_problems(spec, registry, checkable, options, catalog)
     if backend is not None:
         problems += precision_problems(spec, backend, registry, checkable, options)
     problems += gpu_problems(spec, catalog)
@@ -120,7 +118,7 @@ def plan_with_problems(spec: Spec, plugins: Plugins, *, where: str = "<spec>",
             gpus=spec.gpus,
             batch_sizes=spec.batch_sizes,
             coordinates=point.coordinates,
-            machine=point.machine,
+            machine=canonical_gpu(catalog, point.machine),
         )
         for point in expand(spec.sweep, models, spec.precision, spec.backend)
     )
@@ -174,6 +172,11 @@ def executor_problems(spec: Spec, plugins: Plugins, jobs: tuple[Job, ...], where
         executor = executors[name]
     except PluginError as exc:
         return [f"execution.executor: {exc}"]
+    missing = [module for module in executor.requires if not findable(module)]
+    if missing:
+        how = f": {executor.install}" if executor.install else ""
+        return [f"execution.executor: executor {name!r} needs {', '.join(map(repr, missing))}, which is not "
+                f"installed{how}"]
     if executor.options is None:
         if spec.execution.executor_options:
             return [f"execution.executor_options: executor {name!r} takes no options"]
@@ -215,9 +218,11 @@ def scope_problems(order: list[str], registry: Registry[Stage]) -> list[str]:
     return problems
 
 
-def stage_problems(spec: Spec, registry: Registry[Stage], order: list[str], options: dict[str, Any]) -> list[str]:
+def stage_problems(spec: Spec, registry: Registry[Stage], order: list[str], options: dict[str, Any],
+                   catalog: GPUCatalog) -> list[str]:
     """What each stage's own ``check`` finds in the spec before anything runs."""
-    return [problem for name in order for problem in registry[name].check(spec, options.get(name))]
+    return [problem for name in order
+            for problem in check_problems(registry[name], spec, options.get(name), catalog, registry.provider(name))]
 
 
 def precision_problems(spec: Spec, backend: Backend, registry: Registry[Stage], order: list[str],
@@ -265,6 +270,17 @@ def gpu_problems(spec: Spec, catalog: GPUCatalog) -> list[str]:
         except RpxError as exc:
             problems.append(f"gpus[{index}]: {exc}")
     return problems
+
+
+def canonical_gpu(catalog: GPUCatalog, name: str | None) -> str | None:
+    """The GPU's canonical name for a name or alias a spec wrote (what executors place jobs by); as written when the
+    catalogue cannot resolve it (already reported)."""
+    if name is None:
+        return None
+    try:
+        return catalog.get(name).name
+    except RpxError:
+        return name
 
 
 def gpu_pack_paths(spec: Spec) -> list[Path]:

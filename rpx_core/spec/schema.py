@@ -10,16 +10,19 @@ import hashlib
 import json
 import keyword
 import re
+import string
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 import attrs
 
-from rpx_core.convert import converter, structure
+from rpx_core import convert
+from rpx_core.convert import NONE_AS, converter, structure
 from rpx_core.errors import SpecError
 from rpx_core.precision import PrecisionName
 from rpx_core.results.safe_write import path_safe
+from rpx_core.safe_read import read_text
 from rpx_core.spec.limits import Execution
 
 SCHEMA_VERSION = 1
@@ -33,15 +36,36 @@ def _non_negative_dims(_: Any, attribute: attrs.Attribute, value: tuple[int, ...
         raise ValueError(f"every dimension must be >= 1 (a tensor with a zero dimension runs no work), got {list(value)}")
 
 
+#: How a spec file says an input has no batch dimension (TOML has no null; the Python API takes None).
+NO_BATCH_DIM = "none"
+
+
+def _batch_dim(value: int | str | None) -> int | str | None:
+    """``"none"`` is no batch dimension (None); :func:`_batch_dim_index` refuses what is neither."""
+    return None if value == NO_BATCH_DIM else value
+
+
+def _batch_dim_index(_: Any, attribute: attrs.Attribute, value: int | str | None) -> None:
+    if isinstance(value, str):
+        raise ValueError(f'expected an integer >= 0 (the batch dimension) or "none" (no batch dimension), got '
+                         f"{value!r}", attribute)
+    if value is not None and value < 0:
+        raise ValueError(f'must be >= 0 (dimensions count from 0; "none" for an input without a batch dimension), '
+                         f"got {value}", attribute)
+
+
 @attrs.frozen
 class InputSpec:
     """One model input: a tensor of ``shape`` and ``dtype``. Integer inputs (token ids) are drawn from [0, high)."""
 
-    shape: tuple[int, ...] = attrs.field(validator=_non_negative_dims)
+    shape: tuple[int, ...] = attrs.field(validator=convert.shape)
     dtype: Dtype = "float32"
     name: str | None = None  # pass as this keyword argument instead of positionally
     high: int | None = None  # exclusive upper bound of integer values (e.g. the vocabulary size)
-    batch_dim: int | None = 0  # the dimension batch sizes scale; None for inputs without one
+    #: The dimension batch sizes scale (counted from 0); None (``"none"`` in a spec file) for an input without one.
+    #: Read as ``int | str | None`` so the spelling ``"none"`` reaches the converter; an int or None once made.
+    batch_dim: int | str | None = attrs.field(default=0, converter=_batch_dim, validator=_batch_dim_index,
+                                              metadata={NONE_AS: NO_BATCH_DIM})
 
     def with_batch(self, batch_size: int | None) -> InputSpec:
         """This input at ``batch_size``; None keeps the shape as written."""
@@ -68,7 +92,7 @@ class ModelSpec:
     meta_only: bool = False
     #: The input shape as the model's source reads it (``hf:``: batch x sequence of token ids); for an import path,
     #: one floating tensor of this shape. Instead of ``inputs``.
-    input_shape: tuple[int, ...] | None = None
+    input_shape: tuple[int, ...] | None = attrs.field(default=None, validator=convert.shape)
     #: Configuration overrides for a named model (``hf:``: attributes of its AutoConfig, e.g. num_hidden_layers).
     config: dict[str, Any] = attrs.Factory(dict)
     #: Free text kept with the model's results (what it is, where it is served, caveats).
@@ -101,9 +125,9 @@ class Sweep:
     given multiplies the jobs."""
 
     models: tuple[str, ...] = ()  # names of the [[models]] entries the sweep runs; default: every model
-    batch_size: tuple[int, ...] = ()
-    seq_len: tuple[int, ...] = ()
-    resolution: tuple[int, ...] = ()
+    batch_size: tuple[int, ...] = attrs.field(default=(), validator=convert.batch_sizes)
+    seq_len: tuple[int, ...] = attrs.field(default=(), validator=convert.batch_sizes)
+    resolution: tuple[int, ...] = attrs.field(default=(), validator=convert.batch_sizes)
     precision: tuple[PrecisionName, ...] = ()
     backend: tuple[str, ...] = ()
     #: GPU models the measured stages run on (a cluster executor places each job on a node with that GPU).
@@ -137,7 +161,9 @@ class Spec:
     backend: str = "cpu"
     device: str | None = None  # e.g. "cuda:1"; default: the backend's default device
     precision: PrecisionName = "fp32"
-    batch_sizes: tuple[int, ...] = (1,)  # throughput is measured at each; latency always at batch 1
+    #: Throughput is measured at each; latency always at batch 1.
+    batch_sizes: tuple[int, ...] = attrs.field(default=(1,), validator=convert.each(
+        convert.dimension_problem, at_least_one="at least one batch size is required"))
     gpus: tuple[str, ...] = ()  # GPU names to compute rooflines for; ["all"] for every known GPU
     gpu_packs: tuple[str, ...] = ()  # extra GPU pack TOML files
     #: Results file, relative to the working directory; ``{name}`` is the spec name; the suffix picks TOML or JSON.
@@ -155,7 +181,7 @@ class Spec:
 
     def output_path(self) -> Path:
         """The results file; the spec's name enters it as one safe path component (``../x`` stays inside)."""
-        return Path(self.output.format(name=path_safe(self.name)))
+        return Path(fill_output(self.output, path_safe(self.name)))
 
     def to_data(self) -> dict[str, Any]:
         """The spec as plain data, as rpx understood it (defaults filled in), without where it was read from."""
@@ -184,17 +210,40 @@ def load_spec(path: str | Path) -> Spec:
 def read_spec_data(path: Path) -> dict[str, Any]:
     """The spec file's TOML document; SpecError (one line) when it cannot be read or parsed."""
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(read_text(path))
     except FileNotFoundError:
         raise SpecError(f"{path}: no such spec file") from None
-    except IsADirectoryError:
-        raise SpecError(f"{path}: is a folder, not a spec file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path}: cannot read the spec: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML: {exc}") from None
     except RecursionError:
         raise SpecError(f"{path}: not valid TOML: nested too deeply") from None
+
+
+def output_template_problem(template: str) -> str | None:
+    """Why ``output`` is no template rpx fills: its one field is ``{name}``, filled as plain text (no attribute,
+    index, conversion or format of it: ``{name.__class__}`` is refused, never evaluated); ``{{``/``}}`` are braces."""
+    braces = "write {{ and }} for a literal brace"
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        return f"{template!r} is not a valid template: {exc} ({braces})"
+    for _, field, format_spec, conversion in parts:
+        if field is not None and (field != "name" or format_spec or conversion):
+            written = field + (f"!{conversion}" if conversion else "") + (f":{format_spec}" if format_spec else "")
+            return (f"{template!r} is not a valid template: {{{written}}} is not a field rpx fills; only {{name}} is "
+                    f"({braces})")
+    return None
+
+
+def fill_output(template: str, name: str) -> str:
+    """``template`` with each ``{name}`` replaced by ``name`` as it is; SpecError for anything else in braces."""
+    problem = output_template_problem(template)
+    if problem:
+        raise SpecError(f"output: {problem}")
+    parts = string.Formatter().parse(template)
+    return "".join(literal + (name if field is not None else "") for literal, field, _, _ in parts)
 
 
 def spec_from_dict(data: dict[str, Any], *, where: str = "<spec>", base_dir: str = ".", default_name: str = "rpx") -> Spec:
@@ -296,8 +345,6 @@ def _check_semantics(spec: Spec, where: str) -> list[str]:
         elif len(given) > 1:
             made = " (the factory makes every input)" if "input_factory" in given else ""
             problems.append(f"models[{index}]: give {' or '.join(given)}, not both{made}")
-        if model.input_shape is not None and (not model.input_shape or any(dim < 1 for dim in model.input_shape)):
-            problems.append(f"models[{index}].input_shape: every dimension must be >= 1, got {list(model.input_shape)}")
         input_names = [spec_input.name for spec_input in model.inputs if spec_input.name is not None]
         for position, spec_input in enumerate(model.inputs):
             if spec_input.batch_dim is not None and spec_input.batch_dim >= len(spec_input.shape):
@@ -309,14 +356,9 @@ def _check_semantics(spec: Spec, where: str) -> list[str]:
                                 "argument name (a Python identifier)")
             elif input_names.count(spec_input.name) > 1:
                 problems.append(f"models[{index}].inputs[{position}].name: {spec_input.name!r} names more than one input")
-    try:
-        spec.output.format(name=spec.name)
-    except (KeyError, IndexError, ValueError) as exc:
-        problems.append(f"output: {spec.output!r} is not a valid template (only {{name}} is filled in): {exc!r}")
-    if any(size < 1 for size in spec.batch_sizes):
-        problems.append("batch_sizes: every batch size must be >= 1")
-    if not spec.batch_sizes:
-        problems.append("batch_sizes: at least one batch size is required")
+    template = output_template_problem(spec.output)
+    if template:
+        problems.append(f"output: {template}")
     if spec.execution.stage_timeout > spec.execution.job_timeout:
         problems.append(f"execution.stage_timeout: {spec.execution.stage_timeout:g} s is longer than the job_timeout "
                         f"({spec.execution.job_timeout:g} s) that bounds all of a job's stages")

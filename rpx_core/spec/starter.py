@@ -16,6 +16,7 @@ from typing import Any
 import tomli_w
 
 from rpx_core.errors import RpxError
+from rpx_core.safe_read import read_bytes
 from rpx_core.spec.schema import DEFAULT_STAGES
 
 DEFAULT_MODEL = "rpx_plugins.torch.zoo:tiny_cnn"
@@ -44,7 +45,7 @@ def model_source(model: str | None) -> str:
 def build_function(path: Path) -> str:
     """The function in a model file that builds its model: one of BUILD_NAMES, else its only top-level function."""
     try:
-        tree = ast.parse(path.read_bytes())
+        tree = ast.parse(read_bytes(path))
     except FileNotFoundError:
         raise RpxError(f"model file {str(path)!r}: no such file") from None
     except (OSError, SyntaxError, ValueError) as exc:

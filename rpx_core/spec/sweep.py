@@ -106,8 +106,6 @@ def sweep_problems(sweep: Sweep, models: Iterable[ModelSpec]) -> list[str]:
     names = [model.name for model in models]
     problems = [f"sweep.models[{index}]: no [[models]] entry is named {name!r} (models: {', '.join(names)})"
                 for index, name in enumerate(sweep.models) if name not in names]
-    problems += [f"sweep.{axis}[{index}]: must be >= 1, got {value}" for axis in ("batch_size", "seq_len", "resolution")
-                 for index, value in enumerate(getattr(sweep, axis)) if value < 1]
     problems += size_problems(sweep, models)
     chosen = [model for model in models if not sweep.models or model.name in sweep.models]
     rules = {

@@ -22,7 +22,9 @@ from typing import Callable, Literal, Sequence
 
 import attrs
 
+from rpx_core import convert
 from rpx_core.registry.backends import MemoryPeak
+from rpx_core.spec.limits import seconds_validator
 
 Failure = Literal["oom", "over_budget"]
 #: Units of memory amounts: decimal (1 GB = 1e9 bytes) and binary (1 GiB = 2**30 bytes); case-insensitive.
@@ -119,24 +121,16 @@ def _fraction(value: float) -> MemoryAmount:
 
 
 def _memory_amount(_: object, attribute: attrs.Attribute, value: int | float | str) -> None:
-    _named(attribute, lambda: parse_memory_amount(value))
+    parse_memory_amount(value)
 
 
 def _margin_amount(_: object, attribute: attrs.Attribute, value: int | float | str) -> None:
-    _named(attribute, lambda: parse_memory_amount(value, allow_zero=True))
+    parse_memory_amount(value, allow_zero=True)
 
 
 def _fraction_below_one(_: object, attribute: attrs.Attribute, value: float) -> None:
     if not 0 <= value < 1:
-        raise ValueError(f"{attribute.name}: must be in [0, 1), got {value}")
-
-
-def _named(attribute: attrs.Attribute, check: Callable[[], object]) -> None:
-    """Validators run after cattrs picked the field, so their errors say which field they are about."""
-    try:
-        check()
-    except ValueError as exc:
-        raise ValueError(f"{attribute.name}: {exc}") from None
+        raise ValueError(f"must be in [0, 1), got {value}")
 
 
 @attrs.frozen
@@ -154,9 +148,9 @@ class BatchSearchOptions:
     #: 0: no margin.
     safety_margin: int | float | str = attrs.field(default=0.05, validator=_margin_amount)
     #: The largest batch size tried for any stage.
-    max_batch: int = attrs.field(default=256, validator=attrs.validators.gt(0))
+    max_batch: int = attrs.field(default=256, validator=convert.batch_size)
     #: Timed seconds per stage per trial (back-to-back calls until this much time passed; at least one call).
-    trial_seconds: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
+    trial_seconds: float = attrs.field(default=1.0, validator=seconds_validator())
     #: Stop growing a stage when doubling its batch size raised its throughput by less than this fraction;
     #: 0 disables the stop (each stage grows to its memory limit or max_batch).
     gain_threshold: float = attrs.field(default=0.05, validator=_fraction_below_one)

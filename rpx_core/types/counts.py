@@ -19,12 +19,38 @@ from typing import Any, TypeVar
 
 import attrs
 
+from rpx_core import convert
+
 #: The ``module`` of ops that ran outside every submodule, in the top-level model's own forward.
 ROOT_MODULE = "(root)"
 #: The ``module`` of ops that ran during the backward pass (autograd runs outside module forwards).
 BACKWARD_MODULE = "(backward)"
 #: The entry that collects the modules or operators left out of a size-limited breakdown, so sums stay exact.
 OTHERS = "(others)"
+
+
+def tensor_text(dtype: Any, shape: Any) -> str:
+    """One tensor as rpx writes every shape, whatever the framework: ``float32[1,3,32,32]`` (the dtype's name without
+    a ``torch.`` prefix, dimensions without spaces), so figures from torch and JAX runs of one model compare."""
+    return f"{str(dtype).removeprefix('torch.')}[{','.join(str(int(dim)) for dim in shape)}]"
+
+
+def inputs_text(args: Any, kwargs: Mapping[str, Any]) -> tuple[str, ...]:
+    """Each array-like input (anything with ``shape`` and ``dtype``: torch tensors, JAX arrays, ShapeDtypeStructs)
+    in :func:`tensor_text` form, positional then keyword (``"mask=bool[1,128]"``), looking inside tuples, lists and
+    dicts; other values (flags such as ``use_cache=True``) are not inputs of a shape and are left out."""
+    return (*(text for value in args for text in _arrays_text(value)),
+            *(f"{name}={text}" for name, value in kwargs.items() for text in _arrays_text(value)))
+
+
+def _arrays_text(value: Any) -> list[str]:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return [tensor_text(value.dtype, value.shape)]
+    if isinstance(value, (tuple, list)):
+        return [text for item in value for text in _arrays_text(item)]
+    if isinstance(value, Mapping):
+        return [text for item in value.values() for text in _arrays_text(item)]
+    return []
 
 
 @attrs.frozen
@@ -185,7 +211,7 @@ class CountOptions:
     mode: str = attrs.field(default="eval", validator=_one_of("eval", "train"))
     backward: bool = False  # count forward + backward (gradient of the summed outputs) instead of forward only
     #: Batch size of the counted pass; None counts the inputs as the spec writes them (an input_factory gets 1).
-    batch_size: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
+    batch_size: int | None = attrs.field(default=None, validator=convert.batch_size)
     top_k: int = attrs.field(default=20, validator=attrs.validators.ge(1))  # operators/modules listed; the rest folded
     module_depth: int = attrs.field(default=3, validator=attrs.validators.ge(1))  # deeper module paths fold into ancestors
     #: How the backward of a fused attention kernel (flash, efficient, cuDNN, CPU flash) is counted, with backward:

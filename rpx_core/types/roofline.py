@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import attrs
 
+from rpx_core.precision import PrecisionName
+
 
 @attrs.frozen
 class OperatorTime:
@@ -94,5 +96,5 @@ class RooflineOptions:
 
     #: Precisions to bound at; default: the spec's precision. Others are allowed only when they store tensors at the
     #: same element size as the counted one (fp16 <-> bf16, fp32 <-> tf32), so the counted bytes stay exact.
-    precisions: tuple[str, ...] = ()
+    precisions: tuple[PrecisionName, ...] = ()
     top_k: int = 10  # operator records listed per GPU and precision

@@ -74,6 +74,8 @@ class RayExecutor(Executor):
     name = "ray"
     description = "a Ray cluster (RAY_ADDRESS or execution.executor_options.address), or a local Ray instance"
     options = RayOptions
+    requires = ("ray",)
+    install = "pip install 'rpx[ray]'"
 
     def run(self, items: Sequence[WorkItem], env: Environment) -> None:
         if env.in_process:

@@ -18,6 +18,7 @@ jax is imported inside functions only: this module is loaded at CLI start, which
 from __future__ import annotations
 
 import importlib.util
+import math
 from typing import Any, Callable
 
 import attrs
@@ -37,6 +38,7 @@ from rpx_core.plugin import (
     Timer,
     UnsupportedError,
     hookimpl,
+    precision_of_dtype,
     with_start,
 )
 from rpx_plugins.host_memory import HostPeakTracker, is_host_out_of_memory
@@ -255,6 +257,27 @@ class JaxBackend(Backend):
 
     def default_device(self) -> str:
         return device_name(resolve_device("default")) if self.availability.available else "default"
+
+    def device_name(self, device: str) -> str | None:
+        """The accelerator's name as its runtime reports it ("NVIDIA H200"), so the roofline finds its GPU spec and
+        measured figures are set against its bound; None for the host CPU."""
+        target = resolve_device(device)
+        return None if target.platform == "cpu" else target.device_kind
+
+    def object_precision(self, model: Any) -> str | None:
+        """The precision most of a JAX model's floating parameter elements are stored at (fp32, fp16, bf16, fp8);
+        None for a form no built-in adapter knows, or a model without floating parameters."""
+        import jax
+
+        try:
+            leaves = jax.tree.leaves(as_jax_model(model).params)
+        except UnsupportedError:
+            return None
+        elements: dict[str, int] = {}
+        for leaf in leaves:
+            if hasattr(leaf, "dtype") and is_floating(leaf.dtype):
+                elements[leaf.dtype.name] = elements.get(leaf.dtype.name, 0) + math.prod(leaf.shape)
+        return precision_of_dtype(max(elements, key=elements.__getitem__)) if elements else None
 
     def check_device(self, device: str) -> None:
         """Raise BackendUnavailable (one line naming the backend and the reason) unless JAX has ``device``."""

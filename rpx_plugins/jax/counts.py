@@ -55,6 +55,7 @@ from rpx_core.types.counts import (
     ParamsResult,
     TrafficResult,
     fold_largest,
+    inputs_text,
 )
 from rpx_plugins.jax.backend import (
     as_jax_model,
@@ -560,7 +561,9 @@ def rpx_count_flops(ctx: StageContext) -> FlopsResult | None:
     if not is_jax(ctx):
         return None
     options = count_options(ctx)
-    return attrs.evolve(flops_result(analyse(ctx), options), counted_batch_size=ctx.job.model.batch_size(options.batch_size))
+    args, kwargs = trace(ctx, options.backward).inputs
+    return attrs.evolve(flops_result(analyse(ctx), options), counted_inputs=inputs_text(args, kwargs),
+                        counted_batch_size=ctx.job.model.batch_size(options.batch_size))
 
 
 @hookimpl

@@ -186,6 +186,16 @@ def shard_map_mlp(sizes: Sequence[int] = (64, 128, 10), seed: int = 0) -> JaxMod
     return JaxModel(apply, params)
 
 
+def data_parallel_mlp(sizes: Sequence[int] = (64, 128, 10), seed: int = 0) -> JaxModel:
+    """The plain MLP written with ``jax.shard_map``, data-parallel over every device: the params are replicated and
+    the batch is split, so the batch must divide by the device count (a batch of 1 cannot run on 2 devices)."""
+    from jax.sharding import PartitionSpec as P
+
+    model = mlp(sizes, seed)
+    apply = jax.shard_map(mlp_apply, mesh=device_mesh(), in_specs=(P(), P("devices")), out_specs=P("devices"))
+    return JaxModel(apply, model.params)
+
+
 def function_mlp(sizes: Sequence[int] = (64, 32, 10), seed: int = 0) -> tuple[Any, Any]:
     """The plain MLP as a user writes it without a library: an ``(apply, params)`` tuple."""
     model = mlp(sizes, seed)

@@ -100,8 +100,8 @@ def roofline(workload: Workload, gpu: GPUSpec, precision: str, *, top_k: int = 1
         memory_ms_unfused=memory_unfused_s * 1e3,
         bound_ms_fused=max(compute_s, memory_fused_s) * 1e3,
         bound_ms_unfused=max(compute_s, memory_unfused_s) * 1e3,
-        bottleneck_fused=_bottleneck(compute_s, memory_fused_s),
-        bottleneck_unfused=_bottleneck(compute_s, memory_unfused_s),
+        bottleneck_fused=bottleneck(compute_s, memory_fused_s),
+        bottleneck_unfused=bottleneck(compute_s, memory_unfused_s),
         required_bytes=required_bytes,
         capacity_bytes=gpu.memory_bytes,
         fits_in_memory=required_bytes <= gpu.memory_bytes,
@@ -126,24 +126,29 @@ def _per_operator(records: Sequence[OpRecordLike], peak_flops: float, bandwidth:
     """Sum over records of count x max(compute, memory) of one call, its memory-bound share, and the top-k records."""
     timed: list[tuple[OpRecordLike, float, str]] = []
     for record in records:
-        compute_s = record.flops / peak_flops
-        memory_s = (record.bytes_read + record.bytes_written) / bandwidth
-        timed.append((record, record.count * max(compute_s, memory_s), _bottleneck(compute_s, memory_s)))
+        compute_s, memory_s = call_seconds(record.flops, record.bytes_read + record.bytes_written, peak_flops, bandwidth)
+        timed.append((record, record.count * max(compute_s, memory_s), bottleneck(compute_s, memory_s)))
     total_s = sum(seconds for _, seconds, _ in timed)
-    memory_bound_s = sum(seconds for _, seconds, bottleneck in timed if bottleneck == "memory")
+    memory_bound_s = sum(seconds for _, seconds, roof in timed if roof == "memory")
     largest = sorted((item for item in timed if item[1] > 0), key=lambda item: item[1], reverse=True)[:top_k]
     return _OperatorBound(
         per_operator_ms=total_s * 1e3,
         memory_bound_share=memory_bound_s / total_s if total_s > 0 else None,
         top_operators=tuple(
             OperatorTime(
-                op=record.op, count=record.count, time_ms=seconds * 1e3, share=seconds / total_s, bottleneck=bottleneck
+                op=record.op, count=record.count, time_ms=seconds * 1e3, share=seconds / total_s, bottleneck=roof
             )
-            for record, seconds, bottleneck in largest
+            for record, seconds, roof in largest
         ),
     )
 
 
-def _bottleneck(compute_s: float, memory_s: float) -> str:
+def call_seconds(flops: float, nbytes: float, peak_flops: float, bandwidth: float) -> tuple[float, float]:
+    """One operator call's compute time (FLOPs / peak FLOP/s) and memory time (bytes / bandwidth in bytes/s), in
+    seconds: its own bound is the larger, under the roof ``bottleneck`` names."""
+    return flops / peak_flops, nbytes / bandwidth
+
+
+def bottleneck(compute_s: float, memory_s: float) -> str:
     """Which roof the bound sits under; a tie counts as compute."""
     return "memory" if memory_s > compute_s else "compute"

@@ -5,7 +5,10 @@ weights are never downloaded (``AutoModel.from_config`` initialises parameters, 
 counted stages build, that costs nothing, so a 70B model counts on a laptop). Inputs are token ids of batch x
 sequence. The spec's ``config`` table overrides configuration attributes (``num_hidden_layers = 2``); ``kwargs``
 take ``auto_class`` (default ``AutoModel``, the model without a task head; e.g. ``AutoModelForCausalLM``) and
-``trust_remote_code``.
+``trust_remote_code`` (true or false only: a model folder's own Python runs only when it is ``true``).
+
+Overrides are checked before anything runs, against the configuration class read from source without importing it
+(:mod:`rpx_plugins.sources.hf_config`), and again when the model is built, against the configuration itself.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rpx_core.plugin import InputSpec, ModelSource, RpxError, did_you_mean, import_or_explain
+import attrs
+
+from rpx_core.plugin import InputSpec, ModelSource, RpxError, did_you_mean, import_or_explain, safe_read
+from rpx_plugins.sources.hf_config import config_fields, override_problems
 
 SCHEME = "hf"
 INSTALL = "pip install 'rpx[hf]' (transformers; weights are never downloaded, only the configuration is read)"
@@ -33,10 +39,18 @@ def is_local(target: str) -> bool:
     return target.startswith((".", "/", "~")) or Path(target).expanduser().is_dir()
 
 
+@attrs.frozen
+class BuildOptions:
+    """A ``hf:`` model's ``kwargs`` (checked by type before anything runs: ``"false"`` is not false)."""
+
+    auto_class: str = "AutoModel"  # the transformers auto class building it, e.g. AutoModelForCausalLM
+    trust_remote_code: bool = False  # run the model folder's own configuration and modelling code
+
+
 def check(target: str, config: Mapping[str, Any]) -> list[str]:
     if not is_local(target):
         if cached_config(target) is not None:
-            return []
+            return config_problems(target, config)
         if os.environ.get("HF_HUB_OFFLINE") == "1":
             return [f"{target!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 keeps rpx off the hub "
                     "(give a folder holding config.json, or go online once)"]
@@ -50,7 +64,21 @@ def check(target: str, config: Mapping[str, Any]) -> list[str]:
         return [f"no such folder {str(folder.resolve())!r} (a local hf: model is a folder holding config.json)"]
     if not (folder / "config.json").is_file():
         return [f"folder {str(folder.resolve())!r} has no config.json"]
-    return []
+    return config_problems(target, config)
+
+
+def config_problems(target: str, config: Mapping[str, Any]) -> list[str]:
+    """Overrides the configuration does not have, or of the wrong type, as ``config.<key>: ...`` lines; checked
+    against the configuration class when this machine has its ``config.json`` (a folder or the cache)."""
+    known = known_config(target)
+    problems = []
+    vocab = config.get("vocab_size")
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab < 1:
+        problems.append(f"config.vocab_size: must be at least 1 (token ids are drawn from [0, vocab_size)), got {vocab}")
+    if known is None:
+        return problems
+    folder = Path(target).expanduser() if is_local(target) else None
+    return problems + override_problems(config, config_fields(known, folder), known)
 
 
 def hub_endpoint() -> str:
@@ -79,7 +107,7 @@ def known_config(target: str) -> dict[str, Any] | None:
     else:
         path = cached_config(target)
     try:
-        return json.loads(path.read_text()) if path is not None else None
+        return json.loads(safe_read.read_text(path)) if path is not None else None  # a FIFO never blocks it
     except (OSError, ValueError):
         return None
 
@@ -94,11 +122,14 @@ def cached_config(target: str) -> Path | None:
 
 
 def vocab_size(target: str, config: Mapping[str, Any]) -> int | None:
-    if "vocab_size" in config:
-        return int(config["vocab_size"])
+    """The vocabulary token ids are drawn from, when known before the run (a wrong override is ``check``'s to
+    report, so it is not read here)."""
     known = known_config(target) or {}
-    size = known.get("vocab_size") or (known.get("text_config") or {}).get("vocab_size")
-    return int(size) if isinstance(size, int) else None
+    text = known.get("text_config") if isinstance(known.get("text_config"), dict) else {}
+    for size in (config.get("vocab_size"), known.get("vocab_size"), text.get("vocab_size")):
+        if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
+            return size
+    return None
 
 
 def inputs(target: str, shape: tuple[int, ...], config: Mapping[str, Any]) -> tuple[InputSpec, ...]:
@@ -111,7 +142,11 @@ def inputs(target: str, shape: tuple[int, ...], config: Mapping[str, Any]) -> tu
 
 def build(target: str, config: Mapping[str, Any], *, auto_class: str = "AutoModel",
           trust_remote_code: bool = False) -> Any:
-    """The model from its configuration only, with ``config`` overrides applied and checked."""
+    """The model from its configuration only, with ``config`` overrides applied and checked. The folder's own code
+    runs only when ``trust_remote_code`` is True itself (not a string or a number that reads as true)."""
+    if not isinstance(trust_remote_code, bool):
+        raise RpxError(f"kwargs.trust_remote_code: expected true or false, got {type(trust_remote_code).__name__} "
+                       f"{trust_remote_code!r}")
     transformers = import_or_explain("transformers", SCHEME, INSTALL)
     local = is_local(target)
     location = str(Path(target).expanduser()) if local else target
@@ -121,12 +156,17 @@ def build(target: str, config: Mapping[str, Any], *, auto_class: str = "AutoMode
                                                                 local_files_only=offline)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RpxError(f"hf:{target}: cannot read its configuration: {first}") from None
+        custom = "auto_map" in (known_config(target) or {}) and not trust_remote_code
+        hint = "; its configuration is the folder's own code, which rpx runs only with kwargs.trust_remote_code = true"
+        raise RpxError(f"hf:{target}: cannot read its configuration: {first}{hint if custom else ''}") from None
     for key, value in config.items():
         if key not in configuration.to_dict() and not hasattr(configuration, key):
             raise RpxError(f"config.{key}: {type(configuration).__name__} has no attribute {key!r}"
                            f"{did_you_mean(key, configuration.to_dict())}")
-        setattr(configuration, key, value)
+        try:
+            setattr(configuration, key, value)
+        except (TypeError, ValueError) as exc:  # transformers' own type checks (strict configurations)
+            raise RpxError(f"config.{key}: {str(exc).strip().splitlines()[-1].strip()}") from None
     auto = getattr(transformers, auto_class, None)
     if auto is None or not hasattr(auto, "from_config"):
         raise RpxError(f"kwargs.auto_class: transformers has no auto class {auto_class!r}"
@@ -142,5 +182,6 @@ SOURCE = ModelSource(
     requires=("transformers",),
     install=INSTALL,
     check=check,
+    kwargs=BuildOptions,
     example="meta-llama/Llama-2-7b-hf",
 )

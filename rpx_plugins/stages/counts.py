@@ -41,7 +41,22 @@ def params_fields(params: ParamsResult, results: Mapping[str, Any]) -> Fields:
 
 
 def flops_fields(flops: FlopsResult, results: Mapping[str, Any]) -> Fields:
-    return {"flops_g": flops.total_flops / 1e9, "matrix_flops_g": flops.matrix_flops / 1e9, "macs_g": flops.macs / 1e9}
+    fields: Fields = {"flops_g": flops.total_flops / 1e9, "matrix_flops_g": flops.matrix_flops / 1e9,
+                      "macs_g": flops.macs / 1e9}
+    uncounted = uncounted_calls(flops)
+    if uncounted is not None:
+        fields["uncounted_ops"], fields["uncounted_call_share"] = uncounted
+    return fields
+
+
+def uncounted_calls(flops: FlopsResult) -> tuple[int, float] | None:
+    """(operators without a FLOP formula, their share of every operator call of the counted pass); None when every
+    operator had one."""
+    if not flops.uncounted_ops:
+        return None
+    uncounted = sum(flops.uncounted_ops.values())
+    counted = sum(operator.calls for operator in flops.by_operator.values())
+    return len(flops.uncounted_ops), uncounted / (counted + uncounted)
 
 
 def traffic_fields(traffic: TrafficResult, results: Mapping[str, Any]) -> Fields:
@@ -79,6 +94,7 @@ def tier1(run: Any) -> Table | None:
             Cell.of(traffic and traffic.fused_bytes, units.size),
             Cell.of(traffic and traffic.arithmetic_intensity_unfused, units.intensity),
             Cell.of(traffic and traffic.activation_peak_bytes, units.size),
+            uncounted_cell(flops),
         ])  # fmt: skip
     if not rows:
         return None
@@ -86,9 +102,23 @@ def tier1(run: Any) -> Table | None:
                  [Column("model"), Column("precision"), Column("params"), Column("weights", "bytes"),
                   Column("FLOPs", "FLOP"), Column("MACs", "MAC"), Column("matrix share", "fraction"),
                   Column("traffic unfused", "bytes"), Column("traffic fused", "bytes"),
-                  Column("intensity unfused", "FLOP/B"), Column("activation peak", "bytes")], rows,
+                  Column("intensity unfused", "FLOP/B"), Column("activation peak", "bytes"),
+                  Column("uncounted calls", "fraction")], rows,
                  ["FLOPs = 2 x MACs for matrix work, plus other FLOPs from the per-element table; bytes at each "
-                  "tensor's dtype; 1 GB = 1e9 bytes"])
+                  "tensor's dtype; 1 GB = 1e9 bytes",
+                  "uncounted calls: operators that ran without a FLOP formula (their FLOPs are NOT in the totals) and "
+                  "their share of all operator calls; the uncounted table lists them"])
+
+
+def uncounted_cell(flops: Any) -> Cell:
+    """How many operators had no formula and their share of the calls ("none" when every one had one)."""
+    if flops is None:
+        return Cell(None, units.MISSING)
+    found = uncounted_calls(flops)
+    if found is None:
+        return Cell(0.0, "none")
+    operators, share = found
+    return Cell(share, f"{units.percent(share)} ({operators} op{'s' if operators != 1 else ''})")
 
 
 def uncounted(run: Any) -> Table | None:

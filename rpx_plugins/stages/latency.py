@@ -1,6 +1,7 @@
 """measure_latency: the declaration of the measured latency stage, its summary fields, its tables (latency with
-its interval, throughput per batch size), the marks a measurement that is not clean carries, and its compare figures
-with their noise. The implementation: rpx_plugins.latency (torch backends) and the JAX backend's.
+its interval and the fraction of the roofline bound it reached, throughput per batch size), the marks a measurement
+that is not clean carries with the reasons, and its compare figures with their noise (no verdict on an unsound
+measurement). The implementation: rpx_plugins.latency, for every backend.
 """
 
 from __future__ import annotations
@@ -24,23 +25,30 @@ from rpx_core.plugin import (
     ok_result,
     units,
 )
+from rpx_plugins.efficiency import efficiency
 
 Fields = dict[str, float | str]
 
 #: Marks appended to figures whose measurement is not clean, with what they mean (shown under the table).
 NOISY, PARTIAL = "~", "!"
-MARKS = {NOISY: "noisy: the median's confidence interval is wider than the target width (older files: the spread "
-                "is above the noise threshold)",
+MARKS = {NOISY: "noisy: not a stable measurement (the reasons are above: interval, spread, tail, drift, warm-up, "
+                "other work on the machine; older files: the spread is above the noise threshold)",
          PARTIAL: "too few samples for a confidence interval: do not trust the figure (older files: stopped by "
                   "max_seconds before min_samples)"}
-
+#: Fewer timed calls than this in a throughput row cannot say whether a change is real.
+MIN_THROUGHPUT_CALLS = 10
 
 
 # -- summary fields -----------------------------------------------------------------------------------------------------
 
 
 def latency_fields(latency: LatencyResult, results: Mapping[str, Any]) -> Fields:
-    fields: Fields = {"latency_ms_per_sample": latency.p50_ms}  # per-call latency at batch 1
+    fields: Fields = {}
+    batch = latency.measured_batch_size
+    if batch is not None:
+        fields["latency_batch_size"] = batch
+    if batch == 1:
+        fields["latency_ms_per_sample"] = latency.p50_ms  # one call of one sample; never a batch's time / its size
     for name in ("p50", "p90", "p95", "p99"):
         value = getattr(latency, f"{name}_ms")
         if value is not None:
@@ -53,6 +61,10 @@ def latency_fields(latency: LatencyResult, results: Mapping[str, Any]) -> Fields
         fields["latency_verdict"] = latency.verdict
         fields["latency_samples"] = latency.samples_count
         fields["latency_interval_confidence"] = latency.interval_confidence
+    if getattr(latency, "verdict_reasons", ()):
+        fields["latency_verdict_reasons"] = "; ".join(latency.verdict_reasons)
+    if getattr(latency, "warmup_settled", None) is not None:
+        fields["latency_warmup_seconds"] = latency.warmup_seconds
     if latency.peak_memory.peak_bytes is not None:
         fields["peak_memory_mb"] = latency.peak_memory.peak_bytes / 1e6
     if getattr(latency.peak_memory, "increment_bytes", None) is not None:
@@ -64,22 +76,21 @@ def latency_fields(latency: LatencyResult, results: Mapping[str, Any]) -> Fields
 
 
 def measured_vs_bound(latency: LatencyResult, results: Mapping[str, Any]) -> Fields:
-    """Measured p50 beside the roofline bound of the GPU it ran on, when both describe one call at batch 1."""
-    roofline, flops = results.get("roofline"), results.get("count_flops")
-    if roofline is None or not roofline.local_gpu or flops is None or flops.counted_batch_size != 1:
+    """Measured p50 beside the roofline bound of the GPU it ran on, for the same call (rpx_plugins.efficiency)."""
+    found = efficiency(latency, results.get("roofline"), results.get("count_flops"))
+    if found is None:
         return {}
-    bounds = roofline.gpus.get(roofline.local_gpu, {})
-    if len(bounds) != 1:
-        return {}
-    ((precision, bound),) = bounds.items()
-    return {
-        "measured_gpu": roofline.local_gpu,
-        "measured_vs_bound_precision": precision,
-        "measured_p50_ms": latency.p50_ms,
-        "roofline_bound_ms": bound.bound_ms_fused,
-        "fraction_of_roofline": bound.bound_ms_fused / latency.p50_ms,
+    fields: Fields = {
+        "measured_gpu": found.gpu,
+        "measured_vs_bound_precision": found.precision,
+        "measured_p50_ms": found.measured_ms,
+        "roofline_bound_ms": found.bound_ms,
     }
-
+    if found.fraction is not None:
+        fields["fraction_of_roofline"] = found.fraction
+    else:
+        fields["efficiency_problem"] = found.problem
+    return fields
 
 
 # -- tables ------------------------------------------------------------------------------------------------------------
@@ -98,9 +109,9 @@ def latency_marks(latency: Any) -> str:
 
 def fallback_verdict(latency: Any) -> str:
     """The verdict of a results file older than the ``verdict`` field, in its words."""
-    if latency.noisy_warning:
+    if field(latency, "noisy_warning"):
         return "noisy"
-    return "too_few_samples" if latency.stopped_by == "max_seconds" else "stable"
+    return "too_few_samples" if field(latency, "stopped_by") == "max_seconds" else "stable"
 
 
 def interval_text(latency: Any) -> str:
@@ -113,8 +124,9 @@ def interval_text(latency: Any) -> str:
 
 
 def latency_table(run: Any) -> Table | None:
-    """Measured per-call latency at batch 1, with its interval, spread, verdict and peak memory."""
-    rows, clocks, warnings = [], {}, []
+    """Measured per-call latency of each model's inputs, with its interval, the fraction of the roofline bound it
+    reached (on a GPU rpx recognises), spread, verdict and peak memory."""
+    rows, clocks, warnings, inputs = [], {}, [], []
     for model in run.models:
         result = ok_result(model, "measure_latency")
         if result is None:
@@ -123,10 +135,12 @@ def latency_table(run: Any) -> Table | None:
         verdict = field(result, "verdict") or fallback_verdict(result)
         interval = field(result, "p50_interval_ms")
         peak = result.peak_memory
+        found = efficiency(result, ok_result(model, "roofline"), ok_result(model, "count_flops"))
         rows.append([
             Cell.text_of(model.name),
             Cell.of(result.p50_ms, units.milliseconds, marks),
             Cell(list(interval) if interval else None, interval_text(result)),
+            efficiency_cell(found),
             Cell.of(result.p90_ms, units.milliseconds), Cell.of(result.p99_ms, units.milliseconds),
             Cell.of(result.mean_ms, units.milliseconds),
             Cell.of(result.spread, units.percent),
@@ -135,18 +149,25 @@ def latency_table(run: Any) -> Table | None:
             Cell.of(peak.peak_bytes if peak else None, units.size, " (sampled)" if peak and peak.sampled else ""),
             Cell.of(field(peak, "increment_bytes"), units.size),
         ])  # fmt: skip
-        if (note := timing_note(model.name, model.summary)) is not None:
+        if (note := timing_note(model.name, result)) is not None:
             warnings.append(note)
+        if found is not None and found.problem:
+            warnings.append(f"{model.name}: no fraction of the {found.gpu} {found.precision} bound: {found.problem}")
+        if field(result, "measured_inputs"):
+            inputs.append(f"{model.name} {', '.join(result.measured_inputs)}")
         clocks.setdefault(result.clock, []).append(model.name)
     if not rows:
         return None
     notes = [*warnings,
-             "per call at batch 1, each call synchronised; percentiles by linear interpolation; spread = IQR / p50; "
-             "call increment: the measured region's peak less its start",
+             "per call of each model's inputs as written, each call synchronised; percentiles by linear "
+             "interpolation; of bound = roofline bound / p50 on the GPU it ran on (same call, same precision); "
+             "spread = IQR / p50; call increment: the measured region's peak less its start",
+             *([f"inputs: {'; '.join(inputs)}"] if inputs else []),
              *(f"{mark}: {meaning}" for mark, meaning in MARKS.items()),
              *(f"clock ({', '.join(names)}): {clock}" for clock, names in clocks.items())]
     return Table("latency", "Tier 3: measured latency",
-                 [Column("model"), Column("p50", "ms"), Column("p50 interval", "ms"), Column("p90", "ms"),
+                 [Column("model"), Column("p50", "ms"), Column("p50 interval", "ms"), Column("of bound", "fraction"),
+                  Column("p90", "ms"),
                   Column("p99", "ms"), Column("mean", "ms"), Column("spread", "fraction"), Column("samples"),
                   Column("verdict"), Column("peak memory", "bytes"), Column("call increment", "bytes")], rows, notes)
 
@@ -165,7 +186,7 @@ def throughput_table(run: Any) -> Table | None:
                 Cell.of(row.samples_per_s, lambda v: units.rate(v, " samples/s")),
                 Cell.of(row.calls, str), Cell.of(row.seconds, units.seconds),
                 Cell.of(peak.peak_bytes if peak else None, units.size),
-                Cell(row.error, row.error or ""),
+                Cell(row.error or field(row, "cut_short"), row.error or field(row, "cut_short") or ""),
             ])  # fmt: skip
     if not rows:
         return None
@@ -175,18 +196,30 @@ def throughput_table(run: Any) -> Table | None:
                  ["calls x batch / elapsed seconds of back-to-back calls; not a per-sample latency"])
 
 
-def timing_note(name: str, summary: dict[str, Any]) -> str | None:
+def efficiency_cell(found: Any) -> Cell:
+    """The fraction of the bound, "refused" when rpx will not print one (the reason is under the table), "-" off a
+    GPU rpx recognises."""
+    if found is None:
+        return Cell(None, units.MISSING)
+    if found.fraction is None:
+        return Cell(None, "refused")
+    return Cell.of(found.fraction, units.percent)
+
+
+def timing_note(name: str, latency: Any) -> str | None:
     """One line under the table for a latency that is not stable, saying why and what would help."""
-    verdict, count = summary.get("latency_verdict"), summary.get("latency_samples")
-    count = int(count) if isinstance(count, float) else count  # summary fields are floats: "194 samples", not 194.0
-    confidence = f"{summary.get('latency_interval_confidence', 0.95):.0%}"
+    verdict = field(latency, "verdict") or fallback_verdict(latency)
+    count, confidence = latency.samples_count, f"{field(latency, 'interval_confidence') or 0.95:.0%}"
     if verdict == "too_few_samples":
         return (f"{name}: latency p50 from {count} samples has no {confidence} confidence interval: do not trust it; "
                 "raise [options.measure_latency] max_seconds or min_samples")
-    if verdict == "noisy":
-        return (f"{name}: latency is noisy: the median's {confidence} interval is wider than the target width after "
-                f"{count} samples; quiet the machine or raise max_seconds")
+    if verdict == "noisy":  # files written before the reasons were recorded: what "noisy" meant then
+        older = (f"the median's {confidence} interval is wider than the target width" if field(latency, "verdict")
+                 else "the spread is above the noise threshold")
+        reasons = field(latency, "verdict_reasons") or (older,)
+        return f"{name}: latency is noisy after {count} samples: {'; '.join(reasons)}"
     return None
+
 
 # -- what rpx compare puts side by side --------------------------------------------------------------------------------
 
@@ -202,7 +235,7 @@ def latency_figures(models: Sequence[Any]) -> Iterable[Figure]:
                           for row in lat.throughput)
     for size in sizes:
         found.append(Figure(f"throughput b{size}", _throughput(size), lambda v: units.rate(v, " samples/s"),
-                            (SHAPES, PRECISION), measured=True, higher_is_better=True, noise=throughput_noise,
+                            (SHAPES, PRECISION), measured=True, higher_is_better=True, noise=throughput_noise_at(size),
                             unit="samples/s", panel="throughput"))
     return found
 
@@ -224,24 +257,48 @@ def _throughput(size: int) -> Any:
     return read
 
 
+def unsound(latency: Any) -> str | None:
+    """Why a measurement cannot support a verdict ("noisy", "too few samples"), None when it is stable: a change
+    between two results is called only when both measured cleanly."""
+    verdict = field(latency, "verdict") or fallback_verdict(latency)
+    return {"noisy": "noisy", "too_few_samples": "too few samples"}.get(verdict)
+
+
 def latency_noise(model: Any) -> Noise | None:
-    """The median's interval where the file has one, else the spread (IQR / median)."""
+    """The median's interval where the file has one, else the spread (IQR / median); unsound unless stable."""
     result = ok_result(model, "measure_latency")
     if result is None:
         return None
     interval = field(result, "p50_interval_ms")
-    return Noise(interval=tuple(interval) if interval else None, spread=result.spread)
+    return Noise(interval=tuple(interval) if interval else None, spread=result.spread, unsound=unsound(result))
 
 
-def throughput_noise(model: Any) -> Noise | None:
-    """No interval is measured for throughput: the latency's spread, at least THROUGHPUT_BAND."""
+def throughput_noise_at(size: int) -> Any:
+    """No interval is measured for throughput: the latency's spread, at least THROUGHPUT_BAND; unsound when the
+    machine was (the latency's verdict) or the row timed fewer than MIN_THROUGHPUT_CALLS calls."""
+
+    def noise(model: Any) -> Noise | None:
+        result = ok_result(model, "measure_latency")
+        if result is None:
+            return None
+        row = next((row for row in result.throughput if row.batch_size == size), None)
+        few = row is not None and row.calls is not None and row.calls < MIN_THROUGHPUT_CALLS
+        why = unsound(result) or (f"too few calls ({row.calls})" if few else None)
+        return Noise(spread=result.spread, floor=THROUGHPUT_BAND, unsound=why)
+
+    return noise
+
+
+def latency_traits(run: Any, model: Any) -> dict[str, Any]:
+    """The inputs as measured, in the normal form counts use ("float32[1,64]"), for files without a count."""
     result = ok_result(model, "measure_latency")
-    return None if result is None else Noise(spread=result.spread, floor=THROUGHPUT_BAND)
+    measured = field(result, "measured_inputs") if result is not None else None
+    return {SHAPES: tuple(measured)} if measured else {}
 
 
 MEASURE_LATENCY = Stage(
     "measure_latency",
-    "latency percentiles at batch 1, throughput per batch size, peak memory",
+    "latency percentiles of the job's inputs, throughput per batch size, peak memory",
     result=LatencyResult,
     needs=("system_card",),
     options=LatencyOptions,
@@ -250,6 +307,7 @@ MEASURE_LATENCY = Stage(
     summary=latency_fields,
     tables=(TableView("latency", latency_table), TableView("throughput", throughput_table)),
     figures=latency_figures,
-    doc="Measure per-call latency at batch 1, throughput per batch size and peak memory of the measured region; "
-    "build percentiles with :mod:`rpx_core.stats` so they follow rpx's method and sufficiency rules.",
+    traits=latency_traits,
+    doc="Measure per-call latency of the job's inputs as written, throughput per batch size and peak memory of the "
+    "measured region; build percentiles with :mod:`rpx_core.stats` so they follow rpx's method and sufficiency rules.",
 )

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rpx_core.plugin import (
+    BYTES_PER_ELEMENT,
     PRECISION,
     SHAPES,
     Cell,
@@ -55,9 +56,18 @@ def roofline_fields(roofline: RooflineResult, results: Mapping[str, Any]) -> Fie
     return fields
 
 
-def roofline_needs_gpus(spec: Any, options: RooflineOptions) -> Iterable[str]:
+def roofline_check(spec: Any, options: RooflineOptions) -> Iterable[str]:
+    """GPUs to bound, and precisions whose bytes the count gives: a precision storing elements of another size than
+    the counted one would make the counted bytes wrong (the stage refuses it; said here before anything runs)."""
     if not spec.gpus:
         yield 'gpus: the roofline stage needs GPUs to bound: names from `rpx gpus`, or ["all"]'
+    counted = spec.sweep.precision if spec.sweep is not None and spec.sweep.precision else (spec.precision,)
+    for index, precision in enumerate(options.precisions):
+        other = next((name for name in counted if BYTES_PER_ELEMENT[name] != BYTES_PER_ELEMENT[precision]), None)
+        if other is not None:
+            yield (f"options.roofline.precisions[{index}]: {precision!r} stores {BYTES_PER_ELEMENT[precision]}-byte "
+                   f"elements, but the model is counted at {other!r} ({BYTES_PER_ELEMENT[other]}-byte); bound "
+                   f"{precision!r} from a spec whose precision is {precision!r}")
 
 
 
@@ -253,7 +263,7 @@ ROOFLINE = Stage(
     result=RooflineResult,
     needs=("count_params", "count_flops", "estimate_traffic"),
     options=RooflineOptions,
-    check=roofline_needs_gpus,
+    check=roofline_check,
     summary=roofline_fields,
     tables=(TableView("roofline", roofline_table),),
     figures=bound_figures,

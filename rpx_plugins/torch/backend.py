@@ -8,7 +8,16 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from rpx_core.plugin import FLOAT_DTYPES, PRECISIONS, Backend, InputSpec, ModelSpec, UnsupportedError, load_callable
+from rpx_core.plugin import (
+    FLOAT_DTYPES,
+    PRECISIONS,
+    Backend,
+    InputSpec,
+    ModelSpec,
+    UnsupportedError,
+    load_callable,
+    precision_of_dtype,
+)
 
 #: Storage dtype used to *execute* at each precision (rpx_core.precision). tf32 stores fp32 and only changes how
 #: matmuls compute.
@@ -75,10 +84,6 @@ def factory_inputs(made: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (tuple(made) if isinstance(made, (tuple, list)) else (made,)), {}
 
 
-#: torch dtype name -> the precision a live module holding weights of that dtype is counted at (float32: fp32, not tf32).
-OBJECT_PRECISIONS = {dtype: name for name, dtype in reversed(EXECUTION_DTYPES.items())}
-
-
 class TorchBackend(Backend):
     """Base for torch backends: placement and inputs are the same everywhere, only the device differs."""
 
@@ -94,13 +99,13 @@ class TorchBackend(Backend):
         return f"{device!r} is not a device of backend {self.name!r} (expected {self.name!r} or '{self.name}:<index>')"
 
     def object_precision(self, model: Any) -> str | None:
-        """The precision of a module's first floating parameter (fp32, fp16 or bf16); None for other objects."""
+        """The precision of a module's first floating parameter (fp32, fp16, bf16 or fp8); None for other objects."""
         import torch
 
         if not isinstance(model, torch.nn.Module):
             return None
         floating = next((p for p in model.parameters() if p.is_floating_point()), None)
-        return None if floating is None else OBJECT_PRECISIONS.get(str(floating.dtype).removeprefix("torch."))
+        return None if floating is None else precision_of_dtype(str(floating.dtype))
 
     def place_model(self, model: Any, precision: str, device: str) -> Any:
         """A torch.nn.Module in eval mode on ``device`` at ``precision``; any other callable (a client of a served

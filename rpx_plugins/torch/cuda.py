@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib.util
+import os
 import threading
 from typing import Any, Callable, Iterator
 
@@ -28,6 +29,7 @@ from rpx_core.plugin import (
 )
 from rpx_plugins.host_memory import raised_for
 from rpx_plugins.torch.backend import TorchBackend
+from rpx_plugins.torch.build import torch_build
 
 #: Messages of CUDA out-of-memory errors that reach us as plain RuntimeErrors: the runtime's own, and the CUDA
 #: libraries' failures to allocate their handles and workspaces (cuBLAS, cuDNN, cuFFT, cuSOLVER, cuSPARSE status
@@ -199,6 +201,41 @@ class Tf32Switches:
 TF32_SWITCHES = Tf32Switches()
 
 
+def nvml_other_processes(uuid: str | None, index: int) -> tuple[str, ...] | None:
+    """Processes other than this one with a compute context on the GPU (by UUID, else NVML's index), as "pid name";
+    None when NVML is missing or refuses. In a container NVML reports the host's process ids, where this process's
+    own id is not found: one of them is then this process, so all but one are listed (which one was this process
+    cannot be told from here)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        handle = (pynvml.nvmlDeviceGetHandleByUUID(uuid) if uuid is not None
+                  else pynvml.nvmlDeviceGetHandleByIndex(index))
+        pids = [process.pid for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+    own = os.getpid()
+    others = [pid for pid in pids if pid != own] if own in pids else sorted(pids)[1:]
+    return tuple(f"{pid} {process_name(pid)}" for pid in others)
+
+
+def process_name(pid: int) -> str:
+    import psutil
+
+    try:
+        return psutil.Process(pid).name()
+    except (psutil.Error, OSError):
+        return "(not visible from here)"
+
+
 def describe_devices(names: list[str]) -> str:
     """E.g. "2 devices: NVIDIA H200" or "2 devices: NVIDIA H200, NVIDIA A100 80GB PCIe"."""
     distinct = ", ".join(dict.fromkeys(names))
@@ -251,6 +288,9 @@ class CudaBackend(TorchBackend):
     def probe(self) -> Availability:
         if importlib.util.find_spec("torch") is None:
             return Availability(False, "torch is not installed")
+        build = torch_build()  # read without importing torch: a build without CUDA needs no import to say so
+        if build is not None and build.cuda is None:
+            return Availability(False, f"CUDA build not installed (torch {build.version} was built without CUDA)")
         import torch
 
         if torch.version.cuda is None:
@@ -323,6 +363,13 @@ class CudaBackend(TorchBackend):
             outside_allocator_bytes=(total - free) - torch.cuda.memory_reserved(device),
         )
         return with_start(peak, self._region_start.get(device))
+
+    def device_processes(self, device: str) -> tuple[str, ...] | None:
+        """Other processes with a context on the device, from NVML (``nvidia-ml-py``); None without NVML."""
+        import torch
+
+        uuid = getattr(torch.cuda.get_device_properties(torch.device(device)), "uuid", None)
+        return nvml_other_processes(None if uuid is None else f"GPU-{uuid}", resolved_index(device))
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
         import torch

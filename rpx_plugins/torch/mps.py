@@ -15,12 +15,14 @@ from __future__ import annotations
 import gc
 import importlib.util
 import os
+import sys
 import threading
 from typing import Any
 
 from rpx_core.plugin import Availability, Backend, MemoryPeak, Timer, UnsupportedError, hookimpl, with_start
 from rpx_plugins.host_memory import SAMPLE_INTERVAL_S, MemorySampler, raised_for
 from rpx_plugins.torch.backend import TorchBackend
+from rpx_plugins.torch.build import torch_build
 
 #: The MPS allocator's out-of-memory message, and Metal refusing one buffer larger than the device allows (a batch
 #: too large for a single tensor: the same remedy, a smaller batch).
@@ -120,6 +122,9 @@ class MpsBackend(TorchBackend):
     def probe(self) -> Availability:
         if importlib.util.find_spec("torch") is None:
             return Availability(False, "torch is not installed")
+        build = torch_build()  # read without importing torch: only macOS builds have MPS
+        if build is not None and sys.platform != "darwin":
+            return Availability(False, f"torch {build.version} was built without MPS (MPS needs a macOS build)")
         import torch
 
         if not torch.backends.mps.is_built():

@@ -95,6 +95,7 @@ def count_model(
     attention_backward: str = "without_recompute",
     element_sizes: Mapping[torch.dtype, int] | None = None,
     replay_repeats: bool = True,
+    sequence: bool = False,
 ) -> CountReport:
     """Run ONE real pass of ``model(*args, **kwargs)`` and count its FLOPs, bytes and activation memory.
 
@@ -111,6 +112,7 @@ def count_model(
     given dtypes at another size per element (fp8/int8 counted with a 2-byte stand-in dtype). ``replay_repeats``: on
     meta without backward, identical layers of a stack are traced twice and replayed after (see
     rpx_plugins.torch.counter.repeats; the figures are the same, ``FlopsResult.replayed`` says which calls were).
+    ``sequence``: also list every call in call order (``CountReport.calls``; every layer is then traced, none replayed).
 
     Raises CountingError when an op cannot run on meta (data-dependent) or backward has nothing to differentiate,
     PluginError when a plugin's formula names no operator.
@@ -125,6 +127,9 @@ def count_model(
     device = _device_of(model, args, kwargs)
     overrides = ATTENTION_BACKWARD_WITH_RECOMPUTE if attention_backward == "with_recompute" else {}
     ledger = Ledger(model, ElementSizes(element_sizes), resolve(formulas), overrides)
+    if sequence:
+        ledger.sequence = []
+        replay_repeats = False
     on_meta = device == "meta"
     with contextlib.ExitStack() as stack:
         if backward:

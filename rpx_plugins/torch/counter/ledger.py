@@ -13,10 +13,20 @@ import torch
 
 from rpx_core.types.counts import BACKWARD_MODULE
 from rpx_plugins.torch.counter.operators import FREE_KINDS, OpInfo, classify
-from rpx_plugins.torch.counter.pricing import ElementSizes, Price, describe, price_call, storage_key, tensors_in
+from rpx_plugins.torch.counter.pricing import (
+    ElementSizes,
+    Price,
+    describe,
+    inputs_text,
+    price_call,
+    storage_key,
+    tensors_in,
+)
 from rpx_plugins.torch.counter.registry import Formula, PluginFormula
 
 FORWARD, BACKWARD = "forward", "backward"
+#: The first element of a sequence entry of a call that costs nothing (Ledger.sequence).
+FREE = "free"
 
 
 class Ledger:
@@ -47,6 +57,9 @@ class Ledger:
         self.where: tuple[str, str] = ("", FORWARD)  # (module path, phase) charged for the next op
         self.weight_views: dict[tuple[Any, ...], int] = {}  # (storage, offset, view) -> most bytes read through it
         self.paused = False
+        #: Every call in call order, when asked for (count_model(sequence=True)): its slot (price key, where), or
+        #: (FREE, (label, inputs), where) for a view or metadata query, which costs nothing.
+        self.sequence: list[tuple[Any, ...]] | None = None
         # activation liveness (forward pass only)
         self.tracking = True
         self.live: dict[int, tuple[weakref.ref, int, int]] = {}  # storage key -> (weakref, bytes, fp16 bytes)
@@ -118,6 +131,8 @@ class Ledger:
         if info is None:
             info = self.infos[func] = classify(func, self.plugins, self.overrides)
         if info.kind in FREE_KINDS:
+            if self.sequence is not None:
+                self.sequence.append((FREE, (info.label, inputs_text(args, kwargs)), self.where))
             return
         tensors: list[torch.Tensor] = []
         signature = [describe(value, tensors) for value in args]
@@ -144,6 +159,8 @@ class Ledger:
                 price = self.prices[price_key] = price_call(info, args, kwargs, out, tensors, is_weight, self.sizes)
         slot = (price_key, self.where)
         self.tally[slot] = self.tally.get(slot, 0) + 1
+        if self.sequence is not None:
+            self.sequence.append(slot)
         for read in price.weight_reads:
             offset = -1 if read.view is None else tensors[read.index].storage_offset()
             self.read_weight((keys[read.index], offset, read.view), read.nbytes)

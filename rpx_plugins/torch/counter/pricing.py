@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from rpx_core.types.counts import tensor_text
 from rpx_plugins.torch.counter.operators import ALLOCATION, FILL, FORMULA, GATHER, UNKNOWN, OpInfo
 from rpx_plugins.torch.counter.registry import OpCall
 
@@ -96,7 +97,12 @@ def describe(value: Any, tensors: list[torch.Tensor]) -> Any:
 
 
 def short(tensor: torch.Tensor) -> str:
-    return f"{str(tensor.dtype).removeprefix('torch.')}[{','.join(map(str, tensor.shape))}]"
+    return tensor_text(tensor.dtype, tensor.shape)
+
+
+def inputs_text(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A call's input tensors as a Price's ``inputs`` describes them: "float32[8,64], float32[64,256]"."""
+    return ", ".join(short(tensor) for value in (*args, *kwargs.values()) for tensor in tensors_in(value))
 
 
 def price_call(
@@ -140,7 +146,7 @@ def price_call(
         weight_read=weight_read,
         activation_read=activation_read,
         written=written,
-        inputs=", ".join(short(tensor) for tensor in tensors),
+        inputs=", ".join(short(tensor) for tensor in tensors),  # as inputs_text(args, kwargs) says it
         weight_reads=weight_reads,
         outputs=results,
     )

@@ -21,7 +21,7 @@ from rpx_core.types.counts import (
 )
 from rpx_plugins.torch.counter.containers import tensors_within
 from rpx_plugins.torch.counter.formulas import CAUSAL_MASK_CONVENTION, other_flops_convention
-from rpx_plugins.torch.counter.ledger import BACKWARD, Ledger
+from rpx_plugins.torch.counter.ledger import BACKWARD, FREE, Ledger
 from rpx_plugins.torch.counter.pricing import ElementSizes, Price, extent_bytes, short, storage_key
 
 
@@ -31,6 +31,9 @@ class CountReport:
 
     flops: FlopsResult
     traffic: TrafficResult
+    #: Every call in call order (views and metadata queries excepted), each an OpRecord of count 1 with its full
+    #: module path; only when asked for (count_model(sequence=True)), else ().
+    calls: tuple[OpRecord, ...] = ()
 
 
 _LIST_INDEX = re.compile(r"(?<![^.])\d+(?![^.])")
@@ -126,7 +129,8 @@ def summarise(
             info.label: info.plugin.plugin for info in ledger.infos.values() if info.plugin and info.label in by_operator
         },
     )
-    return CountReport(flops=flops, traffic=_traffic(ledger, total, weight_read, args, kwargs, outputs, backward))
+    return CountReport(flops=flops, traffic=_traffic(ledger, total, weight_read, args, kwargs, outputs, backward),
+                       calls=call_sequence(ledger))
 
 
 def _input_descriptions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, ...]:
@@ -179,6 +183,33 @@ def _module_stats(exclusive: dict[str, _Totals], calls: dict[str, int], top_k: i
 def _largest(entries: dict[str, _Totals], top_k: int | None) -> dict[str, _Totals]:
     """The ``top_k`` largest entries (by FLOPs, then bytes) in their order, the rest summed into "(others)"."""
     return fold_largest(entries, top_k, key=_Totals.size, merge=_Totals.of)
+
+
+def call_sequence(ledger: Ledger) -> tuple[OpRecord, ...]:
+    """The ledger's calls in call order, one OpRecord each (count 1, the module path in full); views and metadata
+    queries at no cost."""
+    records = {}
+    sequence = []
+    for entry in ledger.sequence or ():
+        record = records.get(entry)
+        if record is None:
+            record = records[entry] = _free_record(*entry[1:]) if entry[0] == FREE else _call_record(ledger, *entry)
+        sequence.append(record)
+    return tuple(sequence)
+
+
+def _call_record(ledger: Ledger, price_key: Any, where: tuple[str, str]) -> OpRecord:
+    price = ledger.prices[price_key]
+    path, phase = where
+    return OpRecord(op=price.label, module=path or ROOT_MODULE, count=1, flops=2 * price.macs + price.other_flops,
+                    macs=price.macs, bytes_read=price.weight_read + price.activation_read, bytes_written=price.written,
+                    phase=phase, inputs=price.inputs)
+
+
+def _free_record(op: tuple[str, str], where: tuple[str, str]) -> OpRecord:
+    (label, inputs), (path, phase) = op, where
+    return OpRecord(op=label, module=path or ROOT_MODULE, count=1, flops=0, macs=0, bytes_read=0, bytes_written=0,
+                    phase=phase, inputs=inputs)
 
 
 def _op_records(ledger: Ledger) -> tuple[OpRecord, ...]:
