@@ -7,17 +7,18 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import attrs
 
-from rpx_core.errors import RpxError, SpecError, StageFailed
+from rpx_core.errors import RpxError, StageFailed
 from rpx_core.execution.pipeline import Listener, Observer, run_plan
-from rpx_core.loading import load_callable
-from rpx_core.registry.adapters import adapter_for, infer_backend
+from rpx_core.execution.runners import WorkerRunner, make_runner
+from rpx_core.execution.tasks import BackendProbe, Finished
+from rpx_core.registry.adapters import adapter_for, backend_if_known, infer_backend
 from rpx_core.registry.manager import Plugins
 from rpx_core.registry.sources import split
 from rpx_core.results import serialise as results_io
-from rpx_core.results.records import ModelResult, RunResult
-from rpx_core.spec.checks import run_problems
-from rpx_core.spec.plan import Plan, make_plan
-from rpx_core.spec.schema import DEFAULT_STAGES, Spec, load_spec, spec_from_dict
+from rpx_core.results.records import ModelResult, RunResult, StageRecord
+from rpx_core.spec.checks import checked_plan
+from rpx_core.spec.plan import Plan, resolve_paths
+from rpx_core.spec.schema import DEFAULT_STAGES, ModelSpec, Spec, load_spec, spec_from_dict
 
 __all__ = ["load_spec", "run_spec", "run", "profile", "load_results", "StageFailed"]
 
@@ -45,52 +46,75 @@ def run_spec(
     ``resume`` continues the run already in ``output`` (see rpx_core.results.resume). ``where`` names the spec in problem
     lines (default: ``spec_path``)."""
     plugins = plugins or Plugins.load()
-    where = where or spec_path or "<spec>"
     plan = plan_spec(spec, plugins, stages=stages, execution=execution, spec_path=spec_path,
-                     model_objects=model_objects, where=where)
-    spec = plan.spec
-    path = spec.output_path() if output is DEFAULT else (Path(output) if output is not None else None)
-    problems = run_problems(spec, plan, plugins, where=where, output=path, spec_path=spec_path)
-    if problems:
-        raise SpecError("\n".join(problems))
-    return run_plan(plan, plugins, output=path, fmt=fmt, spec_path=spec_path, model_objects=model_objects,
-                    listener=listener, resume=resume, observer=observer)
+                     model_objects=model_objects, where=where, output=output)
+    return run_plan(plan, plugins, output=output_path(plan.spec, output), fmt=fmt, spec_path=spec_path,
+                    model_objects=model_objects, listener=listener, resume=resume, observer=observer)
 
 
 def plan_spec(spec: Spec, plugins: Plugins, *, stages: Sequence[str] | None = None,
               execution: Mapping[str, Any] | None = None, spec_path: str | None = None,
-              model_objects: dict[str, Any] | None = None, where: str | None = None) -> Plan:
-    """The plan a run of ``spec`` would follow (its jobs: one per model, or per point of a sweep), with
-    ``execution`` overriding keys of its ``[execution]`` table; nothing runs (``rpx run --dry-run``). ``where``
-    names the spec in problem lines (default: ``spec_path``)."""
+              model_objects: dict[str, Any] | None = None, where: str | None = None,
+              output: str | Path | None = DEFAULT) -> Plan:
+    """The plan a run of ``spec`` follows (its jobs: one per model, or per point of a sweep), with ``execution``
+    overriding keys of its ``[execution]`` table, made once and checked as ``rpx validate`` checks it (one SpecError
+    listing every problem). Nothing runs, except that a spec naming no backend has its first model built in a
+    worker to infer it (:func:`with_inferred_backend`). ``where`` names the spec in problem lines (default:
+    ``spec_path``)."""
     where = where or spec_path or "<spec>"
     spec = spec.with_execution(dict(execution or {}), where)
-    if spec.backend_inferred:
-        spec = with_inferred_backend(spec, plugins, model_objects or {})
-    return make_plan(spec, plugins, where=where, stages=tuple(stages) if stages is not None else None)
+    spec, failed = with_inferred_backend(spec, plugins, model_objects or {})
+    return checked_plan(spec, plugins, where=where, stages=tuple(stages) if stages is not None else None,
+                        output=output_path(spec, output), spec_path=spec_path, failed_models=failed)
 
 
-def with_inferred_backend(spec: Spec, plugins: Plugins, model_objects: dict[str, Any]) -> Spec:
-    """``spec`` with the backend its first model needs, for a spec that names none (see rpx_core.registry.adapters). A
-    factory is called once here to see what it returns; one that fails, or a meta_only model, keeps the default
-    backend, so the run reports the failure where it always did."""
+def output_path(spec: Spec, output: str | Path | None = DEFAULT) -> Path | None:
+    """The results file: ``output``, the spec's own with DEFAULT, none with None."""
+    return spec.output_path() if output is DEFAULT else (Path(output) if output is not None else None)
+
+
+def with_inferred_backend(spec: Spec, plugins: Plugins,
+                          model_objects: dict[str, Any]) -> tuple[Spec, dict[str, StageRecord]]:
+    """``spec`` with the backend its first model needs, for a spec that names none (see rpx_core.registry.adapters),
+    and the models that failed on the way. The model is built where the run's jobs run (a worker process, unless
+    the run is in-process), within the run's time limits, never in rpx's own process: a model whose building
+    crashes, exits or hangs is returned as failed with the record of that (its jobs are recorded failed, never
+    run), and the spec keeps the default backend. One whose building raises, a meta_only or a named model (never
+    built to infer: it may be far larger than this machine), or a model of no framework an adapter recognises
+    keeps the default backend, so the run reports any failure where it always did. A live object (the Python API)
+    is looked at as it is."""
+    if not spec.backend_inferred:
+        return spec, {}
     first = spec.models[0]
     model = model_objects.get(first.name)
     if model is None:
         if first.meta_only or split(first.source, plugins.model_sources(spec.choose)):
-            return spec  # never built here: a named model may be far larger than this machine (built on meta later)
-        try:
-            model = load_callable(first.source, what=f"model {first.name!r}")(**first.kwargs)
-        except Exception:
-            return spec
-    adapters = plugins.model_adapters()
-    if adapter_for(model, adapters) is None:
-        return spec
+            return spec, {}
+        record = probe_in_worker(first, spec, plugins)
+        if record.status != "ok":
+            error = f"the spec names no backend, and building this model to infer it failed: {record.error}"
+            return spec, {first.name: attrs.evolve(record, error=error)}
+        backend = record.result
+    else:
+        backend = backend_if_known(model, plugins.model_adapters(), plugins.backends(spec.choose),
+                                   f"model {first.name!r}")
+    return (attrs.evolve(spec, backend=backend, backend_inferred=False) if backend else spec), {}
+
+
+def probe_in_worker(model: ModelSpec, spec: Spec, plugins: Plugins) -> StageRecord:
+    """The record of a :class:`~rpx_core.execution.tasks.BackendProbe` of ``model``, run as the spec's jobs run."""
+    try:  # the default backend's framework, imported once in the zygote: most models are of it
+        preload = tuple(plugins.backend(spec.backend, spec.choose, require_available=False).worker_preload)
+    except RpxError:  # a clash on the default name, which the plan reports with its key path
+        preload = ()
+    runner = make_runner(plugins, spec.execution, None, preload)
+    events: list[Any] = []
     try:
-        backend = infer_backend(model, adapters, plugins.backends(spec.choose), f"model {first.name!r}")
-    except RpxError:  # e.g. a [choose] entry the plan reports with the spec's key path
-        return spec
-    return attrs.evolve(spec, backend=backend, backend_inferred=False)
+        runner.run(BackendProbe(resolve_paths(model, spec.base_dir), spec.choose), events.append)
+    finally:
+        if isinstance(runner, WorkerRunner):
+            runner.close()
+    return next(event.record for event in events if isinstance(event, Finished))
 
 
 def run(spec_path: str | Path, **kwargs: Any) -> RunResult:

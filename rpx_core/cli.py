@@ -94,7 +94,17 @@ def add_common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> No
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rpx_core.api import plan_spec, run_spec
+    """Plan once (every problem of the spec at once), then run the plan; SIGINT and SIGTERM stop it cleanly at any
+    point, planning included."""
+    from rpx_core.execution.interrupts import signals_raise
+
+    with signals_raise():
+        return run_planned(args)
+
+
+def run_planned(args: argparse.Namespace) -> int:
+    from rpx_core.api import with_inferred_backend
+    from rpx_core.execution.pipeline import run_plan
     from rpx_core.show.console import RunConsole, choose_mode, print_tables
     from rpx_core.spec.checks import validate
 
@@ -106,23 +116,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     with console:  # on a terminal, a line says what rpx is doing from its first moment
         console.note(f"checking {args.spec} and loading plugins")
         plugins = load_plugins(args)
-        spec, plan = validate(args.spec, plugins, stages=stages, output=Path(args.output) if args.output else None,
-                              execution=overrides)
-        output = Path(args.output) if args.output else spec.output_path()
+        plan = validate(args.spec, plugins, stages=stages, output=Path(args.output) if args.output else None,
+                        execution=overrides, prepare=lambda spec: with_inferred_backend(spec, plugins, {}))
+        output = Path(args.output) if args.output else plan.spec.output_path()
         if not args.dry_run:
             console.note(f"{len(plan.jobs)} job(s), stages {', '.join(plan.stages)}: starting workers (each imports "
                          "the framework once)")
-            result = run_spec(spec, output=output, fmt=args.format, stages=stages, plugins=plugins,
-                              spec_path=args.spec, observer=console, execution=overrides, resume=args.resume)
+            result = run_plan(plan, plugins, output=output, fmt=args.format, spec_path=args.spec, observer=console,
+                              resume=args.resume)
     if args.dry_run:
         from rpx_core.execution.executors import job_lines
 
-        planned = plan_spec(spec, plugins, stages=stages, execution=overrides, spec_path=args.spec)
-        echo("\n".join(job_lines(planned, plugins)))
-        return EXIT_OK
+        echo("\n".join(job_lines(plan, plugins)))
+        return EXIT_STAGE_FAILED if plan.failed_models else EXIT_OK
     console.finished(output, result.ok)
     if console.mode in ("live", "plain"):
-        print_tables(result, plugins.stages(spec.choose).in_load_order())
+        print_tables(result, plugins.stages(plan.spec.choose).in_load_order())
     if console.mode != "jsonl":
         echo(f"results: {output}")
     return EXIT_OK if result.ok else EXIT_STAGE_FAILED
@@ -132,7 +141,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rpx_core.spec.checks import validate
 
     plugins = load_plugins(args)
-    spec, plan = validate(args.spec, plugins)
+    plan = validate(args.spec, plugins)
+    spec = plan.spec
     echo(f"{args.spec}: ok — {len(plan.jobs)} model(s); stages: {', '.join(plan.stages)}")
     availability = plugins.backend(spec.backend, spec.choose, require_available=False).availability
     if not availability.available:
@@ -221,20 +231,47 @@ def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Nam
         _traceback_if(args.debug)
         echo("\n".join(f"rpx: error: {line}" for line in str(exc).splitlines() or [""]), file=sys.stderr)
         return exc.exit_code
-    except BrokenPipeError:  # output piped into `head` and closed early: not an error
-        sys.stderr.close()
+    except BrokenPipeError as exc:
+        if not _stdout_closed():  # a pipe of rpx's own (to a worker) broke: a bug, not a reader gone
+            return _internal_error(exc, args.debug)
+        sys.stderr.close()  # output piped into `head` and closed early: not an error
         return EXIT_OK
     except KeyboardInterrupt as interrupt:  # SIGINT, or SIGTERM (rpx_core.execution.interrupts.Interrupted)
         _traceback_if(args.debug)
         code = for_signal(signal_of(interrupt))
-        echo(f"rpx: interrupted ({code.name}); what finished is in the results file, if one was started; "
-              "`rpx run --resume` continues", file=sys.stderr)
+        echo(f"rpx: interrupted ({code.name}){_unfinished(interrupt)}; what finished is in the results file, if one "
+             "was started; `rpx run --resume` continues", file=sys.stderr)
         return code
     except Exception as exc:
-        _traceback_if(args.debug)
-        hint = "" if args.debug else " (rerun with --debug for the traceback)"
-        echo(f"rpx: internal error: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
-        return EXIT_INTERNAL
+        return _internal_error(exc, args.debug)
+
+
+def _internal_error(exc: Exception, debug: bool) -> int:
+    _traceback_if(debug)
+    hint = "" if debug else " (rerun with --debug for the traceback)"
+    echo(f"rpx: internal error: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
+    return EXIT_INTERNAL
+
+
+def _unfinished(interrupt: BaseException, shown: int = 5) -> str:
+    """The jobs an interruption left unfinished, for its message (the results file lists them all)."""
+    names = getattr(interrupt, "unfinished", ())
+    if not names:
+        return ""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"; {len(names)} job(s) did not finish: {', '.join(names[:shown])}{more}"
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (what a BrokenPipeError means when rpx's output is piped)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll() on this platform, or no stdout to ask
+        return True
 
 
 def _traceback_if(debug: bool) -> None:

@@ -105,3 +105,13 @@ def counts_live_workers(log: str, watch: str) -> torch.nn.Module:
     with open(log, "a") as handle:
         handle.write(f"{alive}\n")
     return token_linear()
+
+
+def logs_where_built(log: str) -> torch.nn.Module:
+    """A TokenLinear that appends "ray" to ``log`` when a Ray worker builds it, else "rpx" (rpx's own workers)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    with open(log, "a") as handle:
+        handle.write("ray\n" if ray is not None and ray.is_initialized() else "rpx\n")
+    return token_linear()

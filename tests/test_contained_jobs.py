@@ -192,6 +192,8 @@ def test_interrupted_stages_are_recorded_and_resume_finishes_the_rest(tmp_path, 
     assert first.stages["measure_latency"].error == f"interrupted by {name}"
     assert first.finished is None and [model.name for model in run.models] == ["first"]
     assert run.provenance.finished is None and not run.run_stages
+    assert run.unfinished == ("first", "second")  # named, the one never started too
+    assert "2 job(s) did not finish: first, second;" in done.stderr
 
     second_flag.write_text("")  # the second model hangs in batch_search's trial at batch 4
     done = interrupt_when_hanging(spec, second_flag, run_scoped, "--resume")
@@ -200,7 +202,7 @@ def test_interrupted_stages_are_recorded_and_resume_finishes_the_rest(tmp_path, 
     again = load(tmp_path / "out.toml")
     for stage in ("count_params", "system_card"):
         assert again.model("first").stages[stage] == first.stages[stage]
-    assert again.model("first").ok and again.model("second").ok
+    assert again.model("first").ok and again.model("second").ok and again.unfinished == ()
     record = again.run_stages["batch_search"]
     assert record.status == "interrupted" and record.error == f"interrupted by {signal.Signals(run_scoped).name}"
     finished = record.result.trials
@@ -215,3 +217,122 @@ def test_interrupted_stages_are_recorded_and_resume_finishes_the_rest(tmp_path, 
     later = [trial.batch_sizes for trial in search.result.trials[2:]]
     assert later[0] == (4,) and (1,) not in later and (2,) not in later
     assert final.provenance.finished is not None and final.provenance.created == run.provenance.created
+    assert final.unfinished == () and final.ok
+
+
+#: Model files that misbehave when imported, and what the record of the model says of it.
+AT_IMPORT = {
+    "exit0": ("import sys\nsys.exit(0)\n", "SystemExit: user code called sys.exit(0) during stage 'backend inference'"),
+    "exit3": ("import sys\nsys.exit(3)\n", "SystemExit: user code called sys.exit(3) during stage 'backend inference'"),
+    "segv": ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n",
+             "worker crashed during stage 'backend inference': killed by signal SIGSEGV (segmentation fault)"),
+    "hang": ("import time\nwhile True:\n    time.sleep(0.05)\n",
+             "timed out: stage 'backend inference' ran past the stage_timeout of 2 s and was stopped"),
+}
+
+
+def inferring_spec(tmp_path: Path, how: str) -> Path:
+    """A spec naming no backend whose first model's file misbehaves at import as ``how`` says; a good model after it."""
+    (tmp_path / "bad.py").write_text(AT_IMPORT[how][0] + "\ndef build():\n    pass\n")
+    spec = write_spec(tmp_path, {"bad": "{}", "good": "{}"}, stages='["count_params"]', extra="",
+                      execution="stage_timeout = 2")
+    spec.write_text(spec.read_text().replace('name = "bad"\nsource = "models.py:build"',
+                                             'name = "bad"\nsource = "bad.py:build"'))
+    return spec
+
+
+@pytest.mark.parametrize("how", AT_IMPORT)
+def test_a_spec_without_backend_infers_it_in_a_worker_and_records_its_faults(tmp_path, how):
+    """The first model is built in a worker to infer the backend: its exit, crash or hang there is that model's
+    failed record (time limits included), the other model runs, and the exit status is 1."""
+    done = rpx("run", str(inferring_spec(tmp_path, how)), cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "results: out.toml" in done.stdout
+    run = load(tmp_path / "out.toml")
+    bad = run.model("bad").stages["count_params"]
+    assert bad.status == "failed" and bad.error == (
+        f"the spec names no backend, and building this model to infer it failed: {AT_IMPORT[how][1]}")
+    assert run.model("bad").finished is not None and run.model("good").ok
+    assert run.provenance.finished is not None and run.unfinished == ()
+    if how == "segv":
+        assert "Fatal Python error: Segmentation fault" in bad.stderr_tail
+
+
+@pytest.mark.parametrize("how", ["exit0", "hang"])
+def test_dry_run_infers_the_backend_in_a_worker_too(tmp_path, how):
+    done = rpx("run", str(inferring_spec(tmp_path, how)), "--dry-run", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "2 job(s) on executor 'local'; stages: count_params"
+    assert lines[1].split()[:2] == ["bad", "cpu/cpu"] and lines[1].endswith(
+        f"not run, failed: the spec names no backend, and building this model to infer it failed: {AT_IMPORT[how][1]}")
+    assert lines[2].split() == ["good", "cpu/cpu", "fp32", "side", "by", "side"]
+    assert not (tmp_path / "out.toml").exists()
+
+
+KILLS_ITS_PARENT = """
+import os, signal
+import torch
+
+
+def build():
+    os.kill(os.getppid(), signal.SIGKILL)  # the worker's parent: rpx's zygote, which forks the workers
+    return torch.nn.Linear(4, 2)
+"""
+
+
+def test_a_killed_zygote_is_replaced_and_every_job_of_the_sweep_runs(tmp_path):
+    """A model that kills the process forking the workers (as the out-of-memory killer may), each time it is built
+    (to infer the backend too), costs that process only: every point of the sweep runs, the summary is printed and
+    the exit status says how the jobs went."""
+    (tmp_path / "killer.py").write_text(KILLS_ITS_PARENT)
+    spec = write_spec(tmp_path, {"killer": "{}", "good": "{}"}, stages='["count_params"]', extra="[sweep]\n"
+                      "batch_size = [1, 2]\n", execution="stage_timeout = 60")
+    spec.write_text(spec.read_text().replace('name = "killer"\nsource = "models.py:build"',
+                                             'name = "killer"\nsource = "killer.py:build"'))
+    done = rpx("run", str(spec), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "results: out.toml" in done.stdout and "Tier 1" in done.stdout
+    run = load(tmp_path / "out.toml")
+    assert [model.name for model in run.models] == [
+        "killer[batch_size=1]", "killer[batch_size=2]", "good[batch_size=1]", "good[batch_size=2]"]
+    assert all(model.ok and model.finished for model in run.models)
+    assert run.provenance.finished is not None and run.unfinished == ()
+
+
+def zygote_of(pid: int) -> int | None:
+    """The process id of rpx's worker zygote, if process ``pid`` has started it."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rpartition(")")[2].split()[1])
+            if parent == pid and b"rpx_core.execution.zygote" in (stat.parent / "cmdline").read_bytes():
+                return int(stat.parent.name)
+        except (OSError, ValueError, IndexError):
+            continue  # a process that ended meanwhile
+    return None
+
+
+def test_sigterm_while_workers_are_being_forked_ends_the_run_within_the_grace(tmp_path):
+    """SIGTERM as soon as the zygote exists (it is still importing torch, and the executor's threads wait on it for
+    their workers): no job starts after it, rpx exits within the interrupt grace, and names the four jobs. Before,
+    the threads got their workers once the import was done and ran their jobs to the end (30 s each)."""
+    (tmp_path / "slow.py").write_text("import time\n\ndef build():\n    time.sleep(30)\n")
+    spec = write_spec(tmp_path, {"slow": "{}"}, stages='["count_params"]', execution="interrupt_grace = 3",
+                      extra="[sweep]\nbatch_size = [1, 2, 3, 4]\n")
+    spec.write_text(spec.read_text().replace('source = "models.py:build"', 'source = "slow.py:build"')
+                    .replace("[execution]", 'backend = "cpu"\n[execution]'))  # named: no worker before the jobs
+    process = subprocess.Popen([sys.executable, "-m", "rpx_core.cli", "run", str(spec)], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while zygote_of(process.pid) is None:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "rpx never started its zygote"
+        time.sleep(0.01)
+    os.kill(process.pid, signal.SIGTERM)
+    sent = time.monotonic()
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr
+    assert time.monotonic() - sent < 3 + 5, stderr  # the grace, and a margin for a loaded machine
+    names = [f"slow[batch_size={size}]" for size in (1, 2, 3, 4)]
+    assert f"4 job(s) did not finish: {', '.join(names)};" in stderr
+    assert load(tmp_path / "out.toml").unfinished == tuple(names)

@@ -10,8 +10,7 @@ import torch
 
 import rpx_core as rpx
 from rpx_core.errors import RpxError
-from rpx_core.execution.pipeline import make_runner
-from rpx_core.execution.runners import InProcessRunner, WorkerRunner
+from rpx_core.execution.runners import InProcessRunner, WorkerRunner, make_runner
 from rpx_core.registry.manager import Plugins
 from rpx_core.spec.limits import Deadline, Execution
 

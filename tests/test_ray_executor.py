@@ -113,3 +113,34 @@ def test_ray_needs_worker_isolation(write_spec, tmp_path):
     spec = write_spec(sweep_spec(TWO_MODELS, "ray"))
     with pytest.raises(RpxError, match="the ray executor runs jobs on Ray workers"):
         rpx.run(spec, output=tmp_path / "out.toml", execution={"isolation": "in-process"})
+
+
+def test_a_ray_sweep_runs_batch_search_through_the_ray_executor(local_ray, write_spec, tmp_path):
+    """The run-scoped stage is a work item like the model jobs: every model it builds, it builds on a Ray worker."""
+    log = tmp_path / "built.log"
+    spec = write_spec(f"""
+        name = "ray-batch"
+        backend = "cpu"
+        stages = ["count_params", "batch_search"]
+        [[models]]
+        name = "tokens"
+        source = "{MODELS}:logs_where_built"
+        kwargs = {{ log = "{log}" }}
+        inputs = [{{ shape = [1, 8], dtype = "int64", high = 100 }}]
+        [sweep]
+        batch_size = [1, 2]
+        [options.batch_search]
+        max_batch = 4
+        trial_seconds = 0.01
+        gain_threshold = 0.0
+        memory_budget = "1GB"
+        safety_margin = 0
+        [execution]
+        executor = "ray"
+    """)
+    run = rpx.run(spec, output=tmp_path / "out.toml")
+    assert run.ok and [model.name for model in run.models] == ["tokens[batch_size=1]", "tokens[batch_size=2]"]
+    search = run.run_stages["batch_search"]
+    assert search.status == "ok" and len(search.result.stages) == 2  # one pipeline stage per sweep point
+    built = log.read_text().split()
+    assert len(built) >= 4 and set(built) == {"ray"}, built  # 2 jobs, then batch_search's 2 models, all on Ray

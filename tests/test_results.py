@@ -52,6 +52,7 @@ runs = st.builds(
                                    builtin=st.booleans(), status=st.just("loaded")), max_size=2).map(tuple),
     ),
     models=st.lists(models, max_size=3, unique_by=lambda m: m.name).map(tuple),
+    unfinished=st.one_of(st.none(), st.lists(st.text(max_size=20), max_size=4).map(tuple)),  # any text: escaped
 )
 
 

@@ -15,7 +15,9 @@ import attrs
 
 import rpx_core as rpx
 from rpx_core.convert import converter
-from rpx_core.execution.executors import Environment, Resources, WorkItem
+from rpx_core.execution.executors import Environment, Executor, Resources, WorkItem
+from rpx_core.plugin import hookimpl
+from rpx_core.registry.manager import Plugins
 from rpx_core.results.serialise import load, write
 from rpx_core.results.writer import WRITE_INTERVAL
 from rpx_core.spec.limits import Execution
@@ -270,6 +272,42 @@ def test_a_third_party_executor_is_a_plugin_like_any_other(write_spec, tmp_path)
     wrong = rpx_cli("run", str(spec), "--executor", "reverse", env={"PYTHONPATH": str(site)})
     assert wrong.returncode == 2 and "execution.executor_options" in wrong.stderr and "nodes" in wrong.stderr, \
         wrong.stderr
+
+
+class DropsTheLastJob(Executor):
+    """A faulty executor: runs every job but the last and returns as if all were done."""
+
+    name = "drops-last"
+    description = "loses its last job"
+
+    def run(self, items, env):
+        for item in items[:-1]:
+            env.run_here(item)
+
+
+def test_a_job_an_executor_returns_without_reporting_is_recorded_lost(write_spec, tmp_path):
+    class Dropper:
+        @hookimpl
+        def rpx_register_executors():
+            return [DropsTheLastJob()]
+
+    plugins = Plugins.load()
+    plugins.register(Dropper, "dropper")  # registered at run time: the jobs run in rpx's process
+    spec = write_spec(SWEEP_SPEC + """
+        [sweep]
+        models = ["tokens"]
+        batch_size = [1, 2]
+        [execution]
+        executor = "drops-last"
+    """)
+    run = rpx.run(spec, output=tmp_path / "out.toml", plugins=plugins)
+    assert not run.ok and run.model("tokens[batch_size=1]").ok  # `rpx run` exits 1
+    lost = load(tmp_path / "out.toml").model("tokens[batch_size=2]")
+    first, *later = lost.stages.values()
+    assert first.status == "failed" and first.error == (
+        "lost: executor 'drops-last' returned without reporting this stage (it lost the worker or node, or has a "
+        "fault of its own)")
+    assert [record.status for record in later] == ["skipped", "skipped"] and lost.finished is not None
 
 
 def test_a_shape_sweep_of_one_deep_model_replays_its_layers_with_the_figures_of_a_full_trace(write_spec, tmp_path):

@@ -131,6 +131,9 @@ def job_lines(plan: Any, plugins: Any) -> list[str]:
     for job in plan.jobs:
         measured = [name for name in job.stages if registry[name].measures]
         how = f"alone (measures: {', '.join(measured)})" if measured else "side by side"
+        failed = plan.failed_models.get(job.coordinates.get("model", job.name))
+        if failed is not None:
+            how = f"not run, failed: {failed.error}"
         where = f", on {job.machine}" if job.machine else ""
         lines.append(f"  {job.name:<{width}}  {job.backend}/{job.device} {job.precision}  {how}{where}")
     if plan.run_stages:

@@ -16,12 +16,14 @@ from typing import Any
 
 
 class Interrupted(KeyboardInterrupt):
-    """The run was asked to stop by ``signum``; ``partial`` is what the interrupted stage finished, if it said."""
+    """The run was asked to stop by ``signum``; ``partial`` is what the interrupted stage finished, if it said;
+    ``unfinished`` the jobs of the run that did not finish (set by the pipeline, for the message that ends rpx)."""
 
-    def __init__(self, signum: int = signal.SIGINT, partial: Any = None) -> None:
+    def __init__(self, signum: int = signal.SIGINT, partial: Any = None, unfinished: tuple[str, ...] = ()) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
         self.partial = partial
+        self.unfinished = unfinished
 
 
 def signal_of(interrupt: BaseException) -> int:

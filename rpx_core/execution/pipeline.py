@@ -18,13 +18,13 @@ from typing import Any, Callable, Iterable, Literal
 import attrs
 
 from rpx_core.convert import structure
-from rpx_core.errors import BackendUnavailable, RpxError, SpecError
+from rpx_core.errors import BackendUnavailable, SpecError
 from rpx_core.execution.context import Job
 from rpx_core.execution.executors import Environment, Executor, Resources, WorkItem
-from rpx_core.execution.interrupts import signals_raise
+from rpx_core.execution.interrupts import Interrupted, signal_of, signals_raise
 from rpx_core.execution.progress import Progress
-from rpx_core.execution.runners import InProcessRunner, Runner, WorkerRunner, setup_for
-from rpx_core.execution.stage_loop import run_stage
+from rpx_core.execution.runners import WorkerRunner, make_runner
+from rpx_core.execution.stage_loop import failed_records, run_stage
 from rpx_core.execution.tasks import Finished, Placed, Started, Task
 from rpx_core.execution.worker import plugin_identity
 from rpx_core.registry.manager import Plugins
@@ -39,6 +39,9 @@ from rpx_core.spec.plan import Plan
 from rpx_core.version import __version__
 
 Listener = Callable[[str, str, StageRecord], None]  # (model or "<run>", stage, record) after each stage
+
+#: What a run-scoped stage's events and records are reported under, where a model job's name would be.
+RUN = "<run>"
 
 
 #: (model or "<run>", event): every event of every stage as it happens (start, progress, end), for live displays.
@@ -78,8 +81,8 @@ def run_plan(
         result_types = {name: stage.result for name, stage in plugins.stages(spec.choose).unambiguous().items()}
         previous = resume_from(output, record.spec, record.rpx_version, plugin_identity(plugins),
                                result_types) if resume and output is not None else None
-        start = attrs.evolve(previous.run, provenance=attrs.evolve(previous.run.provenance, finished=None,
-                                                                   command=record.command)) if previous else RunResult(provenance=record)
+        start = attrs.evolve(previous.run, unfinished=None, provenance=attrs.evolve(
+            previous.run.provenance, finished=None, command=record.command)) if previous else RunResult(provenance=record)
         results = ResultsFile(start, output, fmt, tuple(spec_inputs(spec, plugins, spec_path)),
                               tuple(job.name for job in plan.jobs))
         results.update()  # the file exists (and its folder is writable) before anything is measured
@@ -90,7 +93,8 @@ def run_plan(
         if unavailable and all(job.backend in unavailable for job in plan.jobs):
             reason = unavailable.get(spec.backend) or next(iter(unavailable.values()))
             run_skipped = {name: StageRecord("skipped", error=reason) for name in plan.run_stages}
-            results.update(run_stages=run_skipped, provenance=attrs.evolve(results.run.provenance, finished=now()))
+            results.update(run_stages=run_skipped, unfinished=(),
+                           provenance=attrs.evolve(results.run.provenance, finished=now()))
             return results.run
         backends = {name: backend for name, backend in backends.items() if name not in unavailable}
 
@@ -102,16 +106,20 @@ def run_plan(
             run_jobs([job for job in plan.jobs if job.backend not in unavailable], plan, plugins, executor, env,
                      results, listener, previous, observer)
             for name in plan.run_stages:
-                run_run_stage(name, plan, plugins, env.runner, results, listener, previous, observer)
-        except BaseException:
+                run_run_stage(name, plan, plugins, executor, env, results, listener, previous, observer)
+        except BaseException as exc:
+            unfinished = unfinished_jobs(plan, results.run)
             with contextlib.suppress(OutputError):  # the error on its way out says more than a failed last write
-                results.flush()
+                results.update(unfinished=unfinished)
+            if isinstance(exc, KeyboardInterrupt):
+                raise Interrupted(signal_of(exc), unfinished=unfinished) from None
             raise
         finally:
             results.close()
             if isinstance(env.runner, WorkerRunner):
                 env.runner.close()
-        results.update(provenance=attrs.evolve(results.run.provenance, finished=now()))
+        results.update(unfinished=unfinished_jobs(plan, results.run),
+                       provenance=attrs.evolve(results.run.provenance, finished=now()))
         return results.run
 
 
@@ -131,19 +139,6 @@ def choose_executor(plan: Plan, plugins: Plugins, execution: Execution, model_ob
     return executor, Environment(setup, execution, options, runner)
 
 
-def make_runner(plugins: Plugins, execution: Execution, model_objects: dict[str, Any] | None,
-                  preload: tuple[str, ...] = ()) -> Runner:
-    """What runs one job on this machine. ``auto`` isolation: worker processes, unless the run holds live objects
-    (models or plugins given to the Python API), which only rpx's own process has."""
-    live = bool(model_objects) or any(info.distribution == "<runtime>" for info in plugins.infos())
-    isolation = execution.isolation if execution.isolation != "auto" else ("in-process" if live else "worker")
-    if isolation == "in-process":
-        return InProcessRunner(plugins, execution, model_objects)
-    if model_objects:
-        raise RpxError('a live model object cannot be sent to a worker process; use isolation "in-process"')
-    return WorkerRunner(setup_for(plugins), execution, preload)
-
-
 def executor_options(executor: Executor, execution: Execution, where: str) -> Any:
     """The ``[execution.executor_options]`` table as the executor's options class (SpecError with key paths)."""
     if executor.options is None:
@@ -157,7 +152,8 @@ def run_jobs(jobs: list[Job], plan: Plan, plugins: Plugins, executor: Executor, 
              results: ResultsFile, listener: Listener | None, previous: Resumed | None,
              observer: Observer | None = None) -> None:
     """Hand every unfinished job to the executor; each outcome is recorded and written as the module docstring says,
-    in whatever order and from whatever thread the executor reports it."""
+    in whatever order and from whatever thread the executor reports it. What the executor returns without
+    reporting is recorded as lost."""
     lock = threading.RLock()
     registry = plugins.stages(plan.spec.choose)
     items = [item for job in jobs
@@ -165,12 +161,25 @@ def run_jobs(jobs: list[Job], plan: Plan, plugins: Plugins, executor: Executor, 
                                    observer)) is not None]
     results.flush()  # what a resumed run kept, before anything runs
     executor.run(items, env)
+    recorded = {model.name: model.stages for model in results.run.models}
+    for item in items:
+        report_lost(item, recorded.get(item.name, {}), executor)
+
+
+def report_lost(item: WorkItem, recorded: dict[str, StageRecord], executor: Executor) -> None:
+    """Record as failed every stage of ``item`` that ``executor`` returned without reporting (a worker or node it
+    lost, a fault of its own), so that no job of a run that ends is left without a word."""
+    lost = tuple(name for name in item.task.stages if name not in recorded)
+    for event in failed_records(lost, f"lost: executor {executor.name!r} returned without reporting this stage "
+                                      "(it lost the worker or node, or has a fault of its own)"):
+        item.report(event)
 
 
 def work_item(job: Job, plan: Plan, plugins: Plugins, registry: Any, results: ResultsFile, listener: Listener | None,
               previous: Resumed | None, lock: threading.RLock,
               observer: Observer | None = None) -> WorkItem | None:
-    """The job as an executor receives it, its model entry written; None when a resumed run already finished it."""
+    """The job as an executor receives it, its model entry written; None when a resumed run already finished it,
+    or when its model could not be built before the run (recorded failed here)."""
     done = previous.finished_model(job.name) if previous else None
     if done is not None:
         results.put_model(done, save="later")  # already on disk in the resumed file; written with the next change
@@ -178,19 +187,20 @@ def work_item(job: Job, plan: Plan, plugins: Plugins, registry: Any, results: Re
     records = previous.kept_stages(job.name) if previous else {}
     todo = tuple(name for name in job.stages if name not in records)
     model = _model_result(job, records, finished=not todo)
-    if records or not todo:  # else written when it starts: a job not started yet is not in the file
+    written = bool(records or not todo)  # else written when it starts: a job not started yet is not in the file
+    if written:
         results.put_model(model, save="later")
     if not todo:
         return None
     left = set(todo)
 
     def report(event: Started | Finished | Progress | Placed) -> None:
-        nonlocal model
+        nonlocal model, written
         if observer and not isinstance(event, Placed):
             observer(job.name, event)
         with lock:
-            if isinstance(event, Started) and not any(m.name == job.name for m in results.run.models):
-                model = attrs.evolve(model, started=now())
+            if isinstance(event, Started) and not written:
+                model, written = attrs.evolve(model, started=now()), True
                 results.put_model(model, save="later")  # written with its first record, a moment later
             if isinstance(event, Started) and registry[event.stage].measures:
                 results.flush()  # what came before is on disk before anything is timed
@@ -205,6 +215,7 @@ def work_item(job: Job, plan: Plan, plugins: Plugins, registry: Any, results: Re
                 model = attrs.evolve(model, stages=ordered, summary=summarise(ordered, registry),
                                      setup=setup_by_phase(ordered.values()),
                                      finished=None if left or interrupted else now())
+                written = True
                 cheap = event.record.status in ("ok", "not_applicable", "skipped") and not registry[event.stage].measures
                 results.put_model(model, save="due" if cheap else "now")
                 if listener:
@@ -212,14 +223,28 @@ def work_item(job: Job, plan: Plan, plugins: Plugins, registry: Any, results: Re
 
     kept = {name: record for name, record in records.items()}
     measured = any(registry[name].measures for name in todo)
-    gpu = measured and job.device.partition(":")[0] not in ("cpu", "meta")
     task = Task("model", (job,), todo, (kept,), plan.spec.choose, plan.gpu_catalog, measured=measured)
-    return WorkItem(job.name, task, measured, Resources(gpus=1.0 if gpu else 0.0, accelerator=job.machine), report)
+    item = WorkItem(job.name, task, measured, resources(job, measured, job.machine), report)
+    failure = plan.failed_models.get(job.coordinates.get("model", job.name))
+    if failure is None:
+        return item
+    for event in failed_records(todo, failure.error or "", traceback=failure.traceback,
+                                stderr_tail=failure.stderr_tail):
+        report(event)
+    return None
 
 
-def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Runner, results: ResultsFile,
-                  listener: Listener | None, previous: Resumed | None, observer: Observer | None = None) -> None:
-    """Run a run-scoped stage over every model's job, unless something it needs failed for a model."""
+def resources(job: Job, measured: bool, machine: str | None = None) -> Resources:
+    """What a task over ``job`` needs: a measured stage on a GPU backend takes a whole GPU."""
+    gpu = measured and job.device.partition(":")[0] not in ("cpu", "meta")
+    return Resources(gpus=1.0 if gpu else 0.0, accelerator=machine)
+
+
+def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Executor, env: Environment,
+                  results: ResultsFile, listener: Listener | None, previous: Resumed | None,
+                  observer: Observer | None = None) -> None:
+    """Run a run-scoped stage over every model's job through the executor, as one work item, unless something it
+    needs failed for a model."""
     earlier = previous.run_stage(name) if previous else None
     if earlier is not None and earlier.status != "interrupted":
         results.update(run_stages={**results.run.run_stages, name: earlier})
@@ -228,21 +253,33 @@ def run_run_stage(name: str, plan: Plan, plugins: Plugins, executor: Runner, res
     every_model = [record for model in results.run.models for record in model.stages.items()]
     failed = sorted({need for need, record in every_model if need in stage.needs and record.status != "ok"})
 
-    def report(event: Started | Finished | Progress) -> None:
-        if observer:
-            observer("<run>", event)
+    reported: dict[str, StageRecord] = {}
+
+    def report(event: Started | Finished | Progress | Placed) -> None:
+        if observer and not isinstance(event, Placed):
+            observer(RUN, event)
         if isinstance(event, Finished):
+            reported[name] = event.record
             results.update(run_stages={**results.run.run_stages, name: event.record})
             if listener:
-                listener("<run>", name, event.record)
+                listener(RUN, name, event.record)
 
     if failed:
         report(Finished(name, run_stage(stage, None, plugins, failed)))
         return
-    kept = tuple(results.run.model(job.name).stages for job in plan.jobs)
+    models = {model.name: model for model in results.run.models}
+    kept = tuple(models[job.name].stages for job in plan.jobs)
     task = Task("run", plan.jobs, (name,), kept, plan.spec.choose, plan.gpu_catalog, measured=stage.measures,
                 options=plan.options.get(name), previous=earlier.result if earlier is not None else None)
-    executor.run(task, report)
+    item = WorkItem(RUN, task, stage.measures, resources(plan.jobs[0], stage.measures), report)
+    executor.run([item], env)
+    report_lost(item, reported, executor)  # not the resumed file's record of an earlier attempt
+
+
+def unfinished_jobs(plan: Plan, run: RunResult) -> tuple[str, ...]:
+    """The names of the plan's jobs that did not finish (never started, interrupted, lost), in the plan's order."""
+    finished = {model.name for model in run.models if model.finished is not None}
+    return tuple(job.name for job in plan.jobs if job.name not in finished)
 
 
 def setup_by_phase(records: Iterable[StageRecord]) -> dict[str, float]:

@@ -34,7 +34,7 @@ from rpx_core.execution.progress import Progress
 from rpx_core.execution.stage_loop import execute, failed_records
 from rpx_core.execution.tasks import Finished, Report, Setup, StageTimeout, Started, Task
 from rpx_core.execution.worker import plugin_identity
-from rpx_core.execution.zygote import _DEAD, _TIMEOUT, Worker, Zygote
+from rpx_core.execution.zygote import _DEAD, _TIMEOUT, Worker, Zygote, ZygoteLost
 from rpx_core.results.records import StageRecord
 from rpx_core.spec.limits import Deadline, Execution
 
@@ -43,6 +43,21 @@ class Runner(Protocol):
     """Runs one task on this machine (the executors of rpx_core.execution.executors decide which task runs when)."""
 
     def run(self, task: Task, report: Report) -> None: ...
+
+
+def make_runner(plugins: Any, execution: Execution, model_objects: dict[str, Any] | None,
+                preload: tuple[str, ...] = ()) -> InProcessRunner | WorkerRunner:
+    """What runs one task on this machine. ``auto`` isolation: worker processes, unless the run holds live objects
+    (models or plugins given to the Python API), which only rpx's own process has."""
+    from rpx_core.errors import RpxError
+
+    live = bool(model_objects) or any(info.distribution == "<runtime>" for info in plugins.infos())
+    isolation = execution.isolation if execution.isolation != "auto" else ("in-process" if live else "worker")
+    if isolation == "in-process":
+        return InProcessRunner(plugins, execution, model_objects)
+    if model_objects:
+        raise RpxError('a live model object cannot be sent to a worker process; use isolation "in-process"')
+    return WorkerRunner(setup_for(plugins), execution, preload)
 
 
 class InProcessRunner:
@@ -116,6 +131,8 @@ class WorkerRunner:
         self.preload = preload  # imported in the zygote before it forks (the backend's worker_preload)
         self._running: set[Worker] = set()  # workers of tasks running now (several, from an executor's threads)
         self._idle: list[Worker] = []
+        self._starting: list[Zygote] = []  # the zygote each thread now waiting for a fork asked
+        self._interrupted: int | None = None  # the signal that stopped the run: no task starts after it
         self._lock = threading.Lock()
 
     def run(self, task: Task, report: Report) -> None:
@@ -124,9 +141,21 @@ class WorkerRunner:
         with self._lock:
             worker = self._idle.pop() if self._idle and not task.measured else None
         if worker is None:
-            worker = Zygote.shared().start(self.preload, self.setup.disabled)
+            try:
+                worker = self._start()
+            except ZygoteLost as exc:
+                if self._interrupted is not None:  # ended by interrupt(): the job stays unfinished, for --resume
+                    raise Interrupted(self._interrupted) from None
+                for event in failed_records(task.stages, f"no worker could be started: {exc}"):
+                    report(event)
+                return
         with self._lock:
-            self._running.add(worker)
+            stopped = self._interrupted
+            if stopped is None:
+                self._running.add(worker)
+        if stopped is not None:
+            worker.close()
+            raise Interrupted(stopped)
         clean = False
         try:
             worker.begin_task()
@@ -134,7 +163,7 @@ class WorkerRunner:
             worker.connection.send(task)
             supervisor = _Supervisor(worker, task, report, self.limits)
             supervisor.follow()
-            clean = supervisor.clean and not task.measured
+            clean = supervisor.clean and not task.measured and not worker.zygote.gone()
         finally:
             with self._lock:
                 self._running.discard(worker)
@@ -142,6 +171,25 @@ class WorkerRunner:
                     self._idle.append(worker)
             if not clean:
                 worker.close()
+
+    def _start(self) -> Worker:
+        """A fresh worker; a zygote found dead (the out-of-memory killer, a model's code killing its parent) is
+        replaced by a new one, once."""
+        for attempt in range(2):
+            zygote = Zygote.shared()
+            with self._lock:  # as one step against interrupt(): it ends this zygote, or no fork is asked
+                if self._interrupted is not None:
+                    raise Interrupted(self._interrupted)
+                self._starting.append(zygote)
+            try:
+                return zygote.start(self.preload, self.setup.disabled)
+            except ZygoteLost:
+                if attempt or self._interrupted is not None:
+                    raise
+            finally:
+                with self._lock:
+                    self._starting.remove(zygote)
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         """End the idle workers (before a measured task, at the end of a run)."""
@@ -154,11 +202,16 @@ class WorkerRunner:
 
     def interrupt(self, signum: int) -> None:
         """Forward ``signum`` to every running worker: each reports its stage as interrupted and ends its task
-        (for tasks followed from other threads, which never see the main thread's KeyboardInterrupt)."""
+        (for tasks followed from other threads, which never see the main thread's KeyboardInterrupt). No task
+        starts after it, and a zygote that threads wait on for a fork (busy importing the framework, say) is ended
+        at once, so that nothing holds the run past the interrupt grace."""
         with self._lock:
-            running = list(self._running)
+            self._interrupted = signum
+            running, starting = list(self._running), set(self._starting)
         for worker in running:
             worker.signal(signum)
+        for zygote in starting:
+            zygote.close(timeout=0)
 
 
 class _Supervisor:
@@ -218,6 +271,8 @@ class _Supervisor:
     def _death(self) -> str:
         code = self.worker.wait()
         where = f"during stage {self.stage!r}" if self.stage else "between stages"
+        if code is None:
+            return f"worker lost {where}, how it ended is unknown: {self.worker.zygote.death()}"
         if code < 0:
             name = signal.Signals(-code).name
             cause = {"SIGKILL": " (killed: the system's out-of-memory killer, or another process)",

@@ -4,7 +4,8 @@
 every stage as it starts and ends. It turns what user code may throw at it into records: an exception fails the
 stage, ``sys.exit`` fails the stage (the run goes on), an interruption records the stage as interrupted with whatever
 it handed back, then stops. :func:`run_stage` is one stage through its hook; :func:`failed_records` the records of a
-job that cannot go on."""
+job that cannot go on; :func:`probe_backend` the one step of a
+:class:`~rpx_core.execution.tasks.BackendProbe`."""
 
 from __future__ import annotations
 
@@ -20,15 +21,18 @@ from rpx_core.errors import NotApplicable, UnsupportedError
 from rpx_core.execution.context import RunContext, StageContext
 from rpx_core.execution.interrupts import Interrupted, signal_of
 from rpx_core.execution.progress import ProgressReporter
-from rpx_core.execution.tasks import Finished, Guard, Report, StageTimeout, Started, Task
+from rpx_core.execution.tasks import PROBE, BackendProbe, Finished, Guard, Report, StageTimeout, Started, Task
 from rpx_core.registry.manager import Plugins, StageHookError
 from rpx_core.registry.stages import Stage
 from rpx_core.results.records import StageRecord, check_result
 
 
-def execute(task: Task, plugins: Any, report: Report, *, model_objects: dict[str, Any] | None = None,
+def execute(task: Task | BackendProbe, plugins: Any, report: Report, *, model_objects: dict[str, Any] | None = None,
             guard: Guard | None = None) -> None:
     """Run ``task``'s stages in order, reporting each; on an interruption the stage is reported and it re-raises."""
+    if isinstance(task, BackendProbe):
+        probe_backend(task, plugins, report, guard)
+        return
     backend = plugins.backend(task.jobs[0].backend, task.choose, require_available=False)
     registry = plugins.stages(task.choose)
     contexts = [
@@ -77,6 +81,31 @@ def execute(task: Task, plugins: Any, report: Report, *, model_objects: dict[str
     finally:
         for context in contexts:
             context.release()
+
+
+def probe_backend(probe: BackendProbe, plugins: Any, report: Report, guard: Guard | None = None) -> None:
+    """Build the probe's model and report the backend that runs it (see BackendProbe). An exception while building
+    keeps the default backend (the model's job reports it, in its own stage); ``sys.exit`` and a time limit are a
+    failed record, as in a stage; a crash or a hang in a worker is recorded by its runner."""
+    from rpx_core.loading import load_callable
+    from rpx_core.registry.adapters import backend_if_known
+
+    report(Started(PROBE))
+    started = time.perf_counter()
+    what = f"model {probe.model.name!r}"
+    backend = None
+    try:
+        with guard(PROBE) if guard else _no_guard():
+            model = load_callable(probe.model.source, what=what)(**probe.model.kwargs)
+            backend = backend_if_known(model, plugins.model_adapters(), plugins.backends(probe.choose), what)
+    except (SystemExit, StageTimeout) as exc:
+        error = _exit_message(exc, PROBE) if isinstance(exc, SystemExit) else str(exc)
+        report(Finished(PROBE, StageRecord("failed", seconds=_since(started), error=error,
+                                           traceback="".join(traceback.format_exception(exc)))))
+        return
+    except Exception:  # building it raised: the model's job reports that, in its own stage
+        backend = None
+    report(Finished(PROBE, StageRecord("ok", seconds=_since(started), result=backend)))
 
 
 def failed_records(stages: tuple[str, ...], error: str, *, seconds: float | None = None,

@@ -12,6 +12,7 @@ import attrs
 from rpx_core.execution.context import Job
 from rpx_core.execution.progress import Progress
 from rpx_core.results.records import StageRecord
+from rpx_core.spec.schema import ModelSpec
 
 
 @attrs.frozen
@@ -45,6 +46,25 @@ class Task:
     @property
     def label(self) -> str:
         return self.jobs[0].model.name if self.scope == "model" else "<run>"
+
+
+#: The step a :class:`BackendProbe` reports, as a task reports its stages.
+PROBE = "backend inference"
+
+
+@attrs.frozen
+class BackendProbe:
+    """Build a spec's first model where tasks run (a worker process) to see which backend runs it, for a spec that
+    names none: rpx's own process never imports or calls a model's code. Runners run it as a one-stage task (the
+    same time limits, the same records of a crash, an exit or a hang); the :data:`PROBE` record's result is the
+    backend's name, or None to keep the default (the model is of no framework an adapter recognises, or building
+    it raised: its job then reports that error in its own stage)."""
+
+    model: ModelSpec  # its import path absolute (rpx_core.spec.plan.resolve_paths)
+    choose: Any  # rpx_core.spec.schema.Choices
+    scope: Literal["model"] = "model"  # bounded by job_timeout as well as stage_timeout
+    stages: tuple[str, ...] = (PROBE,)
+    measured: bool = False
 
 
 @attrs.frozen

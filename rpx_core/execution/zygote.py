@@ -30,6 +30,11 @@ STDERR_TAIL_CHARS = 4000
 _TIMEOUT, _DEAD = object(), object()  # what Worker.next_event returns instead of an event
 
 
+class ZygoteLost(RuntimeError):
+    """The zygote died (the out-of-memory killer, or a model's code killing its parent): it forks no more workers
+    and knows no exit status any more; :meth:`Zygote.shared` starts a new one. Workers it forked run on."""
+
+
 class Worker:
     """One forked worker as seen from rpx: its job channel, its process group, its stderr (forwarded and kept)."""
 
@@ -66,7 +71,9 @@ class Worker:
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
 
-    def wait(self) -> int:
+    def wait(self) -> int | None:
+        """The worker's exit status (killed by a signal: its negative number); None when the zygote that forked it
+        died, and with it the status."""
         if self._exitcode is None:
             self._exitcode = self.zygote.wait(self.pid)
         return self._exitcode
@@ -113,14 +120,30 @@ class Zygote:
                                         pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=dict(os.environ))
         theirs.close()
         self.control = ours
+        self.lost = False  # its control socket failed or was closed: it is gone, or going
 
     @classmethod
     def shared(cls) -> Zygote:
         with cls._lock:
-            if cls._shared is None or cls._shared.process.poll() is not None:
+            if cls._shared is None or cls._shared.gone():
                 cls._shared = cls()
                 atexit.register(cls._shared.close)
             return cls._shared
+
+    def gone(self) -> bool:
+        return self.lost or self.process.poll() is not None
+
+    def death(self) -> str:
+        """How the zygote ended, in words, for the records of the workers it can no longer tell about."""
+        try:
+            code = self.process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:
+            return f"rpx's worker zygote (process {self.process.pid}, which forks the workers) stopped answering"
+        how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        return (f"rpx's worker zygote (process {self.process.pid}, which forks the workers) {how} (the out-of-memory "
+                "killer, or a model's code killing its parent process)")
 
     def start(self, preload: tuple[str, ...], disabled: tuple[str, ...] = ()) -> Worker:
         """Fork a worker, importing ``preload`` and loading the plugin set without ``disabled`` in the zygote first
@@ -130,37 +153,58 @@ class Zygote:
         request = {"op": "fork", "preload": list(preload), "disabled": list(disabled)}
         try:
             with self._lock:
+                self._check()
                 socket.send_fds(self.control, [json.dumps(request).encode()],
                                 [theirs.fileno(), stderr_write])
                 pid = json.loads(self._reply())["pid"]
-        except BaseException:  # interrupted mid-request: its reply would confuse the next one, so start afresh
-            self.close()
+        except BaseException as exc:  # interrupted mid-request: its reply would confuse the next one, so start afresh
+            self.close(timeout=0)
             ours.close()
             os.close(stderr_read)
+            if isinstance(exc, OSError):
+                raise ZygoteLost(self.death()) from None
             raise
         finally:
             theirs.close()
             os.close(stderr_write)
         return Worker(self, pid, Connection(ours.detach()), stderr_read)
 
-    def wait(self, pid: int) -> int:
-        with self._lock:
-            self.control.send(json.dumps({"op": "wait", "pid": pid}).encode())
-            return json.loads(self._reply())["exitcode"]
+    def wait(self, pid: int) -> int | None:
+        """Worker ``pid``'s exit status, once it has ended; None when this zygote is gone (and the status with it)."""
+        try:
+            with self._lock:
+                self._check()
+                self.control.send(json.dumps({"op": "wait", "pid": pid}).encode())
+                return json.loads(self._reply())["exitcode"]
+        except (OSError, ZygoteLost):
+            self.lost = True
+            return None
+
+    def _check(self) -> None:
+        if self.lost:
+            raise ZygoteLost(self.death())
 
     def _reply(self) -> bytes:
         reply = self.control.recv(65536)
         if not reply:
-            raise RuntimeError(f"the rpx worker zygote (process {self.process.pid}) exited with code {self.process.poll()}")
+            self.lost = True
+            raise ZygoteLost(self.death())
         return reply
 
-    def close(self) -> None:
-        """End the zygote (it kills any worker still running); the next run starts a new one."""
-        self.control.close()
+    def close(self, timeout: float = 1.0) -> None:
+        """End the zygote: told to, it kills any worker it forked that still runs and exits; one that does not exit
+        within ``timeout`` seconds (busy importing the framework, say) is killed (0: at once, which also ends the
+        wait of any thread between a request and its reply). The next run starts a new one."""
+        self.lost = True
+        if timeout <= 0:
+            self.process.kill()
+        with self._lock:  # never while another thread is between a request and its reply
+            self.control.close()
         try:
-            self.process.wait(timeout=5)
+            self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
+            self.process.wait()
         if Zygote._shared is self:
             Zygote._shared = None
 

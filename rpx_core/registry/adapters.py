@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import attrs
 
-from rpx_core.errors import UnsupportedError
+from rpx_core.errors import RpxError, UnsupportedError
 
 if TYPE_CHECKING:
     from rpx_core.registry.backends import Backend
@@ -72,6 +72,18 @@ def infer_backend(model: Any, adapters: list[ModelAdapter], backends: Mapping[st
     if not fitting:
         raise UnsupportedError(f"{what} is a {adapter.form} model, but no backend runs {adapter.framework!r} models")
     return (available or fitting)[0]
+
+def backend_if_known(model: Any, adapters: list[ModelAdapter], backends: Mapping[str, Backend] | Any,
+                     what: str) -> str | None:
+    """:func:`infer_backend` for a spec that names no backend: None (keep the default) for a model no adapter
+    recognises, or one whose framework the backends leave in doubt (a ``[choose]`` entry the plan reports)."""
+    if adapter_for(model, adapters) is None:
+        return None
+    try:
+        return infer_backend(model, adapters, backends, what)
+    except RpxError:
+        return None
+
 
 # -- the form JAX adapters convert to ---------------------------------------------------------------------------------
 

@@ -120,10 +120,15 @@ class RunResult:
     schema_version: int = SCHEMA_VERSION
     models: tuple[ModelResult, ...] = ()
     run_stages: StageRecords = attrs.Factory(dict)  # run-scoped stages such as batch_search
+    #: The jobs of the run that did not finish (never started, interrupted, lost), by name, in the plan's order:
+    #: ``rpx run --resume`` runs them. Written when the run ends, however it ends; None while it runs (or when rpx
+    #: itself was killed: then ``provenance.finished`` is unset too).
+    unfinished: tuple[str, ...] | None = None
 
     @property
     def ok(self) -> bool:
-        return all(model.ok for model in self.models) and all(r.status in SUCCEEDED for r in self.run_stages.values())
+        return (not self.unfinished and all(model.ok for model in self.models)
+                and all(r.status in SUCCEEDED for r in self.run_stages.values()))
 
     def model(self, name: str) -> ModelResult:
         for model in self.models:

@@ -85,6 +85,18 @@ def dumps(run: RunResult, fmt: Literal["toml", "json"] = "toml", cache: ModelCac
         data["models"] = [cache.data(model) for model in run.models]
     if fmt == "json":
         return json.dumps(data, indent=2, allow_nan=False) + "\n"
+    unfinished = data.pop("unfinished", None)
+    text = _toml(data, run, cache)
+    return text if unfinished is None else f"unfinished = {toml_strings(unfinished)}\n{text}"
+
+
+def toml_strings(strings: list[str]) -> str:
+    """A TOML array of basic strings on one line: an interrupted sweep's job names may be a million, which tomli-w
+    writes in seconds. JSON's string escapes are TOML's, but for DEL, which TOML also wants escaped."""
+    return json.dumps(list(strings), ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _toml(data: dict[str, Any], run: RunResult, cache: ModelCache | None) -> str:
     import tomli_w
 
     if cache is None or not run.models:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rpx_core.errors import SpecError
 from rpx_core.results.safe_write import OutputError, check_output
@@ -21,29 +21,49 @@ from rpx_core.spec.inputs import module_origins, spec_inputs
 
 
 def validate(path: str | Path, plugins: Any, *, stages: tuple[str, ...] | None = None,
-             output: Path | None = None, execution: dict[str, Any] | None = None) -> tuple[Any, Any]:
-    """Load the spec at ``path`` (``execution`` overriding keys of its ``[execution]`` table) and plan it; raise one
-    SpecError listing every problem. Returns (spec, plan)."""
-    from rpx_core.spec.plan import plan_with_problems
+             output: Path | None = None, execution: dict[str, Any] | None = None,
+             prepare: Callable[[Any], tuple[Any, dict[str, Any]]] | None = None) -> Any:
+    """Load the spec at ``path`` (``execution`` overriding keys of its ``[execution]`` table), plan it once and check
+    it; raise one SpecError listing every problem. ``prepare`` (``rpx run``) is given the spec once it has no problem
+    of its own and returns the spec to plan and the models that failed meanwhile (the backend inferred from the
+    first model, in a worker). Returns the plan (the spec as planned: ``plan.spec``)."""
     from rpx_core.spec.schema import read_spec_data, structure_spec
 
     path = Path(path)
     data = read_spec_data(path)
     spec, problems = structure_spec(data, where=str(path), base_dir=str(path.parent), default_name=path.stem)
-    plan = None
+    failed: dict[str, Any] = {}
     if spec is not None and not problems:
         spec = spec.with_execution(execution, str(path))
+        if prepare is not None:
+            spec, failed = prepare(spec)
+    return checked_plan(spec, plugins, problems, where=str(path), stages=stages, output=output,
+                        spec_path=str(path), failed_models=failed)
+
+
+def checked_plan(spec: Any, plugins: Any, problems: list[str] | None = None, *, where: str,
+                 stages: tuple[str, ...] | None = None, output: Path | None = None, spec_path: str | None = None,
+                 failed_models: dict[str, Any] | None = None) -> Any:
+    """The plan of ``spec`` (None: nothing could be made of it), made once and checked as ``rpx validate`` checks it;
+    one SpecError listing every problem, ``problems`` (those found earlier) first. ``output``: the results file
+    (default: the spec's)."""
+    import attrs
+
+    from rpx_core.spec.plan import plan_with_problems
+
+    problems = list(problems or [])
+    plan = None
     if spec is not None:
-        plan, plan_problems = plan_with_problems(spec, plugins, where=str(path), stages=stages)
+        plan, plan_problems = plan_with_problems(spec, plugins, where=where, stages=stages)
         problems += [line for line in plan_problems if line not in problems]
         try:
             target = output if output is not None else spec.output_path()
         except SpecError:
             target = None  # a bad output template, already reported
-        problems += run_problems(spec, plan, plugins, where=str(path), output=target, spec_path=str(path))
+        problems += run_problems(spec, plan, plugins, where=where, output=target, spec_path=spec_path)
     if problems or plan is None:
-        raise SpecError("\n".join(problems) or f"{path}: nothing to run")
-    return spec, plan
+        raise SpecError("\n".join(problems) or f"{where}: nothing to run")
+    return attrs.evolve(plan, failed_models=dict(failed_models)) if failed_models else plan
 
 
 def run_problems(spec: Any, plan: Any, plugins: Any, *, where: str, output: Path | None,

@@ -18,6 +18,7 @@ from rpx_core.registry.gpus import GPUCatalog
 from rpx_core.registry.manager import Plugins, Registry
 from rpx_core.registry.sources import ModelSource, findable, resolve_inputs, resolve_target
 from rpx_core.registry.stages import Stage, check_problems, resolve_order
+from rpx_core.results.records import StageRecord
 from rpx_core.spec.schema import ModelSpec, Spec
 from rpx_core.spec.sweep import expand, sweep_problems
 
@@ -33,6 +34,9 @@ class Plan:
     options: dict[str, Any]  # stage -> structured options object
     gpu_catalog: GPUCatalog  # every GPU of every pack this run loaded (plugin packs, the spec's gpu_packs, RPX_GPU_PACKS)
     where: str = "<spec>"  # the spec's file, for error messages
+    #: [[models]] name -> why the model failed before any job ran (building it in a worker to infer the backend
+    #: crashed, exited or hung): each of its jobs is recorded failed with this record, never run.
+    failed_models: dict[str, StageRecord] = attrs.Factory(dict)
 
 
 def make_plan(spec: Spec, plugins: Plugins, *, where: str = "<spec>", stages: tuple[str, ...] | None = None) -> Plan:

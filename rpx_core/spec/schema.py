@@ -132,6 +132,9 @@ class Sweep:
     backend: tuple[str, ...] = ()
     #: GPU models the measured stages run on (a cluster executor places each job on a node with that GPU).
     machine: tuple[str, ...] = ()
+    #: The most jobs the sweep may expand to: a bigger one is refused before it is expanded (a typo of an extra
+    #: axis value multiplies a run), unless the spec raises this.
+    max_jobs: int = 10_000
 
     def axes(self) -> dict[str, tuple[Any, ...]]:
         """The axes given, in :data:`AXES` order, each without repeated values."""

@@ -9,12 +9,14 @@ that describe the same work (a value written twice) are one job. Shapes are set 
 * ``seq_len`` sets dimension 1 of every integer (token id) input with at least two dimensions, ``[batch, seq]``;
 * ``resolution`` sets the last two dimensions of every four-dimensional floating-point input, ``[N, C, H, W]``.
 
-A shape axis that no input of a model can take is an error naming the model, never silently ignored.
+A shape axis that no input of a model can take is an error naming the model, never silently ignored. A sweep of more
+jobs than its ``max_jobs`` is refused, counted before anything is expanded.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -79,12 +81,32 @@ def takes_resolution(spec_input: InputSpec) -> bool:
     return spec_input.dtype in FLOAT_DTYPES and len(spec_input.shape) == 4
 
 
+def job_count(sweep: Sweep, models: Iterable[ModelSpec]) -> int:
+    """How many jobs :func:`expand` makes, counted without making them."""
+    chosen = [model for model in models if not sweep.models or model.name in sweep.models]
+    return len(chosen) * math.prod(len(values) for values in sweep.axes().values())
+
+
+def size_problems(sweep: Sweep, models: list[ModelSpec]) -> list[str]:
+    """A sweep over ``max_jobs`` (or a limit that is no count) is refused before anything is expanded."""
+    if sweep.max_jobs < 1:
+        return [f"sweep.max_jobs: must be >= 1, got {sweep.max_jobs}"]
+    count = job_count(sweep, models)
+    if count <= sweep.max_jobs:
+        return []
+    chosen = sum(1 for model in models if not sweep.models or model.name in sweep.models)
+    factors = " x ".join([f"{chosen} model(s)", *(f"{len(values)} {axis}" for axis, values in sweep.axes().items())])
+    return [f"sweep: {count:,} jobs ({factors}) is more than sweep.max_jobs ({sweep.max_jobs:,}); set [sweep] "
+            f"max_jobs = {count} to run them all"]
+
+
 def sweep_problems(sweep: Sweep, models: Iterable[ModelSpec]) -> list[str]:
     """What is wrong with the ``[sweep]`` table against the spec's models, as ``sweep.key: problem`` lines."""
     models = list(models)
     names = [model.name for model in models]
     problems = [f"sweep.models[{index}]: no [[models]] entry is named {name!r} (models: {', '.join(names)})"
                 for index, name in enumerate(sweep.models) if name not in names]
+    problems += size_problems(sweep, models)
     chosen = [model for model in models if not sweep.models or model.name in sweep.models]
     rules = {
         "batch_size": ("input with a batch dimension", lambda i: i.batch_dim is not None),

@@ -67,15 +67,18 @@ def run_side_by_side(items: Sequence[WorkItem], env: Environment, workers: int) 
         if not stop.is_set():
             env.run_here(item)
 
-    futures = [pool.submit(run, item) for item in items]
     try:
+        futures = [pool.submit(run, item) for item in items]
         for future in concurrent.futures.as_completed(futures):
             future.result()
-    except KeyboardInterrupt as interrupt:
+    except BaseException as exc:  # the jobs not started yet are dropped, the running ones stopped, whatever ended it
         stop.set()
-        env.interrupt_here(signal_of(interrupt))
+        if isinstance(exc, KeyboardInterrupt):
+            env.interrupt_here(signal_of(exc))
         pool.shutdown(wait=True, cancel_futures=True)
-        raise Interrupted(signal_of(interrupt)) from None
+        if isinstance(exc, KeyboardInterrupt):
+            raise Interrupted(signal_of(exc)) from None
+        raise
     pool.shutdown(wait=True)
 
 
