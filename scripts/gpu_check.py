@@ -337,15 +337,15 @@ def main(argv: list[str] | None = None) -> int:
                     gpu=present)  # fmt: skip
         if args.logic_tests:
             pytest_line(report, "logic tests of the GPU modules", ["-m", "not cuda", *args.logic_tests], gpu=True)
+    precisions = tuple(args.precisions.split(",")) if args.precisions else PRECISIONS[args.device]
     if present:
         if args.only is None:
-            precisions = tuple(args.precisions.split(",")) if args.precisions else PRECISIONS[args.device]
             profile_lines(report, args.out, args.device, precisions)
         batch_search_lines(report, args.out, args.device)
     else:
         skipped = ("batch search", "direct scan")
         if args.only is None:
-            skipped = ("profile at " + ", ".join(PRECISIONS[args.device]), "latency vs roofline", *skipped)
+            skipped = ("profile at " + ", ".join(precisions), "latency vs roofline", *skipped)
         for name in skipped:
             report.line("SKIP", name, "no GPU")
     failed = any(check["status"] == "FAIL" for check in report.checks)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import signal
+import sys
 import time
 import traceback
 from typing import Any
@@ -94,6 +95,7 @@ def probe_backend(probe: BackendProbe, plugins: Any, report: Report, guard: Guar
     started = time.perf_counter()
     what = f"model {probe.model.name!r}"
     backend = None
+    loaded = set(sys.modules)
     try:
         with guard(PROBE) if guard else _no_guard():
             model = load_callable(probe.model.source, what=what)(**probe.model.kwargs)
@@ -105,7 +107,20 @@ def probe_backend(probe: BackendProbe, plugins: Any, report: Report, guard: Guar
         return
     except Exception:  # building it raised: the model's job reports that, in its own stage
         backend = None
+    finally:  # in rpx's process (an in-process run) the job imports the model's module again, timed as its setup
+        _forget_model_modules(probe.model.source, loaded)
     report(Finished(PROBE, StageRecord("ok", seconds=_since(started), result=backend)))
+
+
+def _forget_model_modules(source: str, loaded: set[str]) -> None:
+    """Drop the modules of ``source`` (its file, or its import path and the packages above it) that were imported
+    since ``loaded`` was taken; the frameworks they imported stay."""
+    module_part = source.rpartition(":")[0]
+    parts = module_part.split(".")
+    names = {".".join(parts[:end]) for end in range(1, len(parts) + 1)} if not module_part.endswith(".py") else set()
+    for name in set(sys.modules) - loaded:
+        if name.startswith("rpx_user_") or name in names:
+            del sys.modules[name]
 
 
 def failed_records(stages: tuple[str, ...], error: str, *, seconds: float | None = None,

@@ -31,12 +31,13 @@ run_items() {
     echo "===== machine"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
     python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
-    item gpu-check 230 env RPX_GPU_CHECK_OUT="$WORK/gpu-check" bash scripts/gpu_check.sh "$WHEELS" \
+    item gpu-check 200 env RPX_GPU_CHECK_OUT="$WORK/gpu-check" bash scripts/gpu_check.sh "$WHEELS" \
         --logic-tests --precisions fp32,bf16
     item latency 80 python3 scripts/gpu_items/latency.py --out "$WORK/latency"
     item breakdown 80 python3 scripts/gpu_items/breakdown.py --out "$WORK/breakdown"
     item training 90 python3 scripts/gpu_items/training.py
     item serving 60 python3 scripts/gpu_items/serving.py --out "$WORK/serving"
+    item run 60 python3 scripts/gpu_items/run.py
     item validate 20 python3 scripts/gpu_items/validate.py
     echo "===== items failed or out of time: $failed"
     return "$failed"
