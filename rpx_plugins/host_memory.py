@@ -89,6 +89,7 @@ class MemorySampler:
         self._read = read
         self._interval_s = interval_s
         self._stop = threading.Event()
+        self._failure: Exception | None = None
         self._peak = self.start = read()
         self._thread = threading.Thread(target=self._run, name="rpx-memory-sampler", daemon=True)
         self._thread.start()
@@ -98,13 +99,19 @@ class MemorySampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
-            self._observe()
+            try:
+                self._observe()
+            except Exception as exc:  # a reading failed: stop sampling; stop() raises it, so no peak is short
+                self._failure = exc
+                return
 
     def stop(self) -> tuple[int, ...]:
         """Stop sampling (idempotent) and return the peaks."""
         if not self._stop.is_set():
             self._stop.set()
             self._thread.join()
+            if self._failure is not None:
+                raise self._failure
             self._observe()
         return self._peak
 

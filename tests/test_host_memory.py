@@ -18,6 +18,7 @@ import torch
 from rpx_plugins import host_memory
 from rpx_plugins.host_memory import (
     HostPeakTracker,
+    MemorySampler,
     is_host_out_of_memory,
     raised_for,
     read_status_bytes,
@@ -116,3 +117,21 @@ def test_wrapped_errors_are_followed_through_their_cause():
     looped = RuntimeError("a")
     looped.__context__ = looped
     assert not raised_for(looped, (MemoryError,), ("out of memory",))
+
+
+def test_a_reading_that_fails_on_the_sampling_thread_is_raised_by_stop_not_lost():
+    calls = []
+
+    def read() -> tuple[int]:  # the start, then one failed reading, then readings again (a transient fault)
+        calls.append(None)
+        if len(calls) == 2:
+            raise RuntimeError("device gone")
+        return (len(calls),)
+
+    sampler = MemorySampler(read, interval_s=0.001)
+    deadline = time.monotonic() + 5
+    while sampler._thread.is_alive() and time.monotonic() < deadline:  # the thread ends at the failed reading
+        time.sleep(0.01)
+    assert not sampler._thread.is_alive()
+    with pytest.raises(RuntimeError, match="device gone"):
+        sampler.stop()

@@ -191,6 +191,8 @@ class MpsBackend(TorchBackend):
     def recover_from_oom(self, device: str) -> None:
         import torch
 
+        if self.region is not None:  # the failed trial's region: no thread samples on after it
+            self.region.pause_sampling()
         gc.collect()
         torch.mps.empty_cache()
 
