@@ -44,6 +44,9 @@ def main() -> None:
     print(describe_machine())
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "RPX_CACHE_DIR": cache}  # a cold cache: the first listing probes
+        # Timed as an installed rpx starts: with its bytecode cached (without it, each start compiles every module
+        # again: +0.05-0.15 s here); the --refresh run below writes the cache.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         first = seconds([*RPX, "backends", "--refresh"], env)
         times: dict[str, list[float]] = {name: [] for name in COMMANDS}
         for _ in range(repeats):  # interleaved, so a change in the machine's load touches every command alike

@@ -16,8 +16,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -90,6 +88,9 @@ def hub_endpoint() -> str:
 def hub_reachable() -> bool:
     """Whether the hub answers an HTTP request within HUB_TIMEOUT seconds (asked once per process; any HTTP status
     is an answer), so a machine without a network fails in a second instead of after the hub client's retries."""
+    import urllib.error  # here, not at the top: listing plugins need not load the HTTP stack
+    import urllib.request
+
     try:
         urllib.request.urlopen(urllib.request.Request(hub_endpoint(), method="HEAD"), timeout=HUB_TIMEOUT).close()
     except urllib.error.HTTPError:
