@@ -43,7 +43,7 @@ def test_gpu_check_runs_offline_with_a_preinstalled_torch_and_reports_no_gpu(tmp
     offline = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
     offline.update(PIP_NO_INDEX="1", PIP_CONFIG_FILE=os.devnull, RPX_GPU_PYTHON=str(python), RPX_GPU_CHECK_OUT=str(out))
     offline.pop("PYTHONPATH", None)
-    check = run(["bash", "scripts/gpu_check.sh", str(wheelhouse), "--logic-tests", "tests/test_batch_search_gpu.py"],
+    check = run(["bash", "scripts/gpu_check.sh", str(wheelhouse), "--logic-tests", "tests/test_mps_backend.py"],
                 env=offline, timeout=600)  # fmt: skip
 
     lines = check.stdout.splitlines()
