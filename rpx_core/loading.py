@@ -11,6 +11,9 @@ from typing import Any, Callable
 
 from rpx_core.errors import RpxError
 
+#: The name of a module rpx loads from a file (``path/to/file.py:attr``) starts so, then a hash of its path.
+USER_MODULE_PREFIX = "rpx_user_"
+
 
 def load_callable(source: str, *, what: str = "source") -> Callable[..., Any]:
     """Resolve ``package.module:attr`` or ``path/to/file.py:attr`` (the planner makes spec-relative paths absolute)."""
@@ -40,7 +43,7 @@ def _import_file(file_name: str, what: str) -> Any:
     path = Path(file_name).resolve()
     if not path.is_file():
         raise RpxError(f"{what} {file_name!r}: no such file {path}")
-    module_name = "rpx_user_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    module_name = USER_MODULE_PREFIX + hashlib.sha1(str(path).encode()).hexdigest()[:12]
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, path)

@@ -23,6 +23,7 @@ from rpx_core.execution.context import RunContext, StageContext
 from rpx_core.execution.interrupts import Interrupted, signal_of
 from rpx_core.execution.progress import ProgressReporter
 from rpx_core.execution.tasks import PROBE, BackendProbe, Finished, Guard, Report, StageTimeout, Started, Task
+from rpx_core.loading import USER_MODULE_PREFIX, load_callable
 from rpx_core.registry.manager import Plugins, StageHookError
 from rpx_core.registry.stages import Stage
 from rpx_core.results.records import StageRecord, check_result
@@ -88,7 +89,6 @@ def probe_backend(probe: BackendProbe, plugins: Any, report: Report, guard: Guar
     """Build the probe's model and report the backend that runs it (see BackendProbe). An exception while building
     keeps the default backend (the model's job reports it, in its own stage); ``sys.exit`` and a time limit are a
     failed record, as in a stage; a crash or a hang in a worker is recorded by its runner."""
-    from rpx_core.loading import load_callable
     from rpx_core.registry.adapters import backend_if_known
 
     report(Started(PROBE))
@@ -107,19 +107,16 @@ def probe_backend(probe: BackendProbe, plugins: Any, report: Report, guard: Guar
         return
     except Exception:  # building it raised: the model's job reports that, in its own stage
         backend = None
-    finally:  # in rpx's process (an in-process run) the job imports the model's module again, timed as its setup
-        _forget_model_modules(probe.model.source, loaded)
+    finally:  # in rpx's process (an in-process run) the job imports the model's file again, timed as its setup
+        _forget_model_modules(loaded)
     report(Finished(PROBE, StageRecord("ok", seconds=_since(started), result=backend)))
 
 
-def _forget_model_modules(source: str, loaded: set[str]) -> None:
-    """Drop the modules of ``source`` (its file, or its import path and the packages above it) that were imported
-    since ``loaded`` was taken; the frameworks they imported stay."""
-    module_part = source.rpartition(":")[0]
-    parts = module_part.split(".")
-    names = {".".join(parts[:end]) for end in range(1, len(parts) + 1)} if not module_part.endswith(".py") else set()
+def _forget_model_modules(loaded: set[str]) -> None:
+    """Drop the model files (modules loaded by path, rpx_core.loading) imported since ``loaded`` was taken. Packages
+    named by import path stay: importing one twice in a process can register its operators twice."""
     for name in set(sys.modules) - loaded:
-        if name.startswith("rpx_user_") or name in names:
+        if name.startswith(USER_MODULE_PREFIX):
             del sys.modules[name]
 
 
