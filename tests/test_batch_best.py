@@ -27,6 +27,7 @@ from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult, B
 from rpx_plugins.batch_search.planner import BatchPlanner
 from rpx_plugins.batch_search.stage import chunk_noise, rpx_batch_search, timed_until
 from rpx_plugins.torch.cpu import CpuBackend
+from tests.test_batch_search import Mlp  # the MLP, 512 -> 8192 -> 512
 
 MB = 10**6
 NOISE = 0.05
@@ -126,15 +127,6 @@ def test_the_old_rule_would_have_stopped_on_the_flat_stretch():
     assert optimum(flat_then_rising, 256) > 10 * flat_then_rising(2)
     result = search(flat_then_rising, 256, seed=0, noise=0.0)
     assert result.chosen_batch_sizes == (256,)
-
-
-class Mlp(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.up, self.down = torch.nn.Linear(512, 8192), torch.nn.Linear(8192, 512)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(torch.relu(self.up(x)))
 
 
 def test_real_cpu_mlp_choice_runs_within_ten_percent_of_the_best():
