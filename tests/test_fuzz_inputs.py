@@ -15,7 +15,6 @@ import json
 import math
 import os
 import tempfile
-import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +27,7 @@ from hypothesis import strategies as st
 
 from rpx_core.cli import main
 from rpx_core.spec.schema import load_spec
-from tests.conftest import pip_install_target, rpx_cli
+from tests.conftest import make_plugin_package, pip_install_target, rpx_cli
 
 #: Values a hostile or careless user writes: non-finite, huge, negative, zero, of the wrong kind, paths out, escapes.
 HOSTILE = st.one_of(
@@ -215,21 +214,7 @@ RETURNS = st.one_of(HOSTILE.filter(lambda v: not (isinstance(v, float) and not m
 @pytest.fixture(scope="module")
 def fuzz_plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fuzz-plugin")
-    package = root / "rpx-fuzz"
-    package.mkdir()
-    (package / "pyproject.toml").write_text(textwrap.dedent("""
-        [build-system]
-        requires = ["setuptools>=61"]
-        build-backend = "setuptools.build_meta"
-        [project]
-        name = "rpx-fuzz"
-        version = "0.0.1"
-        [project.entry-points.rpx]
-        fuzz = "rpx_fuzz"
-        [tool.setuptools]
-        py-modules = ["rpx_fuzz"]
-    """))
-    (package / "rpx_fuzz.py").write_text(PLUGIN)
+    package = make_plugin_package(root, "rpx-fuzz", "rpx_fuzz", "fuzz", PLUGIN)
     return pip_install_target(package, root / "site")
 
 
