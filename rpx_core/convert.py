@@ -180,6 +180,20 @@ def one(problem: Callable[[Any], str | None]) -> Callable[[Any, Any, Any], None]
     return check
 
 
+def one_of(*choices: str, absent: str | None = None) -> Callable[[Any, Any, Any], None]:
+    """An attrs validator of a named choice, in one readable line with "did you mean" (attrs' own ``in_`` repeats
+    the whole attribute); ``absent`` allows None and says what None means."""
+
+    def check(_: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value in choices or (value is None and absent is not None):
+            return
+        also = f" or absent ({absent})" if absent is not None else ""
+        hint = did_you_mean(value, choices) if isinstance(value, str) else ""
+        raise ValueError(f"{attribute.name} must be one of {', '.join(map(repr, choices))}{also}; got {value!r}{hint}")
+
+    return check
+
+
 #: A batch size (``count_flops``' ``batch_size``, ``batch_search``'s ``max_batch``).
 batch_size = one(dimension_problem)
 #: The spec's ``batch_sizes``, a sweep's ``batch_size``, ``seq_len`` and ``resolution``.

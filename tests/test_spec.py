@@ -106,3 +106,15 @@ def test_every_shipped_spec_validates(path):
 
     plan = make_plan(load_spec(path), Plugins.load(), where=str(path))
     assert plan.jobs
+
+
+def test_a_named_choice_is_one_line_with_did_you_mean_and_none_only_where_it_means_something():
+    from rpx_core.types.counts import CountOptions
+    from rpx_core.types.serving import ServeOptions
+
+    assert ServeOptions(weights=None).weights is None  # absent: the run's precision
+    with pytest.raises(ValueError, match=r"^weights must be one of 'int8', 'int4', 'fp8' or absent \(the run's "
+                                         r"precision\); got 'int3'; did you mean 'int8'\?$"):
+        ServeOptions(weights="int3")
+    with pytest.raises(ValueError, match=r"^mode must be one of 'eval', 'train'; got None$"):
+        CountOptions(mode=None)

@@ -189,16 +189,6 @@ class ParamsResult:
     notes: tuple[str, ...] = ()  # caveats, e.g. constants that stay float32 at a bf16 precision
 
 
-def _one_of(*choices: str) -> Callable[[Any, Any, Any], None]:
-    """An attrs validator whose error is one readable line (attrs' own ``in_`` repeats the whole attribute)."""
-
-    def check(_instance: Any, attribute: Any, value: Any) -> None:
-        if value not in choices:
-            raise ValueError(f"{attribute.name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
-
-    return check
-
-
 @attrs.frozen
 class CountOptions:
     """Options of ``count_flops`` (``[options.count_flops]``); ``estimate_traffic`` shares its counting pass and these."""
@@ -208,7 +198,7 @@ class CountOptions:
     count_on: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "meta", "device")))
     #: Module mode of the counted pass: "eval" (as measured; dropout is a no-op, batch norm uses its running statistics)
     #: or "train" (dropout masks and batch-norm statistics are counted), for factories' models and live objects alike.
-    mode: str = attrs.field(default="eval", validator=_one_of("eval", "train"))
+    mode: str = attrs.field(default="eval", validator=convert.one_of("eval", "train"))
     backward: bool = False  # count forward + backward (gradient of the summed outputs) instead of forward only
     #: Batch size of the counted pass; None counts the inputs as the spec writes them (an input_factory gets 1).
     batch_size: int | None = attrs.field(default=None, validator=convert.batch_size)
@@ -218,7 +208,7 @@ class CountOptions:
     #: "without_recompute" (2x the forward MACs: dQ, dK, dV, dP; the work of the math path's backward, which stores
     #: the probabilities) or "with_recompute" (adds the scores QK^T recomputed from Q and K and the probabilities from
     #: the saved log-sum-exp, as flash and efficient kernels do; torch's FlopCounterMode convention for those kernels).
-    attention_backward: str = attrs.field(default="without_recompute", validator=_one_of("without_recompute",
+    attention_backward: str = attrs.field(default="without_recompute", validator=convert.one_of("without_recompute",
                                                                                          "with_recompute"))
     #: JAX: iterations to count a ``while`` loop whose trip count is not static (an upper bound you choose); such a
     #: loop is refused without it. Loops with a static trip count are always counted exactly.

@@ -17,11 +17,11 @@ Plain attrs classes without torch, so results load and print without importing h
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import attrs
 
+from rpx_core.convert import one_of
 from rpx_core.spec.limits import seconds_validator
 from rpx_core.types.roofline import SkippedRoofline
 
@@ -29,17 +29,6 @@ from rpx_core.types.roofline import SkippedRoofline
 WEIGHT_FORMATS = ("int8", "int4", "fp8")
 #: KV-cache formats besides the run's precision (one scale per cache tensor).
 KV_CACHE_FORMATS = ("fp8", "int8")
-
-
-def _one_of(choices: Iterable[str]) -> Any:
-    choices = tuple(choices)
-
-    def check(_: Any, attribute: attrs.Attribute, value: str | None) -> None:
-        if value is not None and value not in choices:
-            raise ValueError(f"must be one of {', '.join(map(repr, choices))} or absent (the run's precision); "
-                             f"got {value!r}", attribute)
-
-    return check
 
 
 def _positive_each(_: Any, attribute: attrs.Attribute, values: tuple[int, ...]) -> None:
@@ -73,13 +62,13 @@ class ServeOptions:
     #: Weight format of the matrix weights (every 2-D weight except embedding tables and the output head); absent:
     #: the run's precision. "int8"/"int4": weight-only, dequantised to the run's precision (its peak applies);
     #: "fp8": 1 byte, with the run's precision's peak (``precision = "fp8"`` for fp8 weights and activations).
-    weights: str | None = attrs.field(default=None, validator=_one_of(WEIGHT_FORMATS))
+    weights: str | None = attrs.field(default=None, validator=one_of(*WEIGHT_FORMATS, absent="the run's precision"))
     #: int8/int4: weights per scale along the input dimension (a 2-byte scale per group); 0: one per output row.
     group_size: int = attrs.field(default=128, validator=_at_least(0))
     #: int8/int4: also a zero point per group (asymmetric formats such as AWQ's), at the weights' bits.
     zero_points: bool = False
     #: KV-cache format; absent: the run's precision. "fp8"/"int8": 1 byte per element, one fp32 scale per cache tensor.
-    kv_cache: str | None = attrs.field(default=None, validator=_one_of(KV_CACHE_FORMATS))
+    kv_cache: str | None = attrs.field(default=None, validator=one_of(*KV_CACHE_FORMATS, absent="the run's precision"))
     #: Share of a GPU's nominal memory weights, KV cache and activations may use (vLLM's gpu_memory_utilization);
     #: the rest is the runtime's own (CUDA context, allocator, communication buffers).
     memory_fraction: float = attrs.field(default=0.9, validator=_fraction)

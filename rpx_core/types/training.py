@@ -22,6 +22,7 @@ from typing import Any
 
 import attrs
 
+from rpx_core.convert import one_of
 from rpx_core.errors import did_you_mean
 from rpx_core.registry.backends import MemoryPeak
 from rpx_core.spec.limits import seconds_validator
@@ -62,14 +63,6 @@ def _memory(allow_zero: bool) -> Any:
     return check
 
 
-def _one_of(*choices: str) -> Any:
-    def check(_instance: Any, attribute: Any, value: str) -> None:
-        if value not in choices:
-            raise ValueError(f"{attribute.name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
-
-    return check
-
-
 @attrs.frozen
 class TrainStepOptions:
     """The spec's ``[options.train_step]`` table (``train_batch_search`` trains with it too)."""
@@ -88,17 +81,17 @@ class TrainStepOptions:
     #: At bf16 or fp16: "autocast" (fp32 parameters, the master weights, with matrix work at the low precision: torch
     #: autocast, and a GradScaler at fp16; JAX: parameters cast inside the step) or "pure" (parameters, gradients and
     #: optimiser state at the low precision). Ignored at fp32.
-    precision_policy: str = attrs.field(default="autocast", validator=_one_of("autocast", "pure"))
+    precision_policy: str = attrs.field(default="autocast", validator=one_of("autocast", "pure"))
     #: Micro-batches per optimiser step; gradients accumulate across them (each of the job's batch size).
     accumulation_steps: int = attrs.field(default=1, validator=_at_least_one)
     #: Micro-batch size; None: the inputs as the spec writes them.
     batch_size: int | None = attrs.field(default=None, validator=attrs.validators.optional(_at_least_one))
     #: "contiguous" (tensors as made) or "channels_last" (the model and 4-D floating inputs in NHWC layout, the
     #: layout convolution kernels run natively on CPUs and tensor cores; torch only).
-    memory_format: str = attrs.field(default="contiguous", validator=_one_of("contiguous", "channels_last"))
+    memory_format: str = attrs.field(default="contiguous", validator=one_of("contiguous", "channels_last"))
     #: Where the step is counted: "meta" (torch: fake tensors of the job's device type, no memory allocated; JAX:
     #: abstract values), "device" (real tensors on the job's device), "auto" (meta, else the device).
-    count_on: str = attrs.field(default="auto", validator=_one_of("auto", "meta", "device"))
+    count_on: str = attrs.field(default="auto", validator=one_of("auto", "meta", "device"))
     #: Run real steps on the device: step time and measured peak memory beside the prediction. False: count and
     #: predict only (nothing executes).
     measure: bool = True
