@@ -294,6 +294,18 @@ def test_predicted_transient_peak_is_within_10_percent_of_the_measured_increment
     assert shown.returncode == 0 and "Training step: memory, predicted item by item and measured" in shown.stdout
 
 
+def test_ratios_are_predicted_over_measured_and_absent_where_not_comparable():
+    from rpx_core.registry.backends import MemoryPeak
+    from rpx_plugins.training.measure import compare
+
+    device = compare(1000, 600, MemoryPeak("m", peak_bytes=2000, start_bytes=1200, increment_bytes=800), on_host=False)
+    assert (device.transient_ratio, device.peak_ratio, device.resident_ratio) == (0.75, 0.8, 1000 / 1200)
+    host = compare(1000, 600, MemoryPeak("m", peak_bytes=2000, start_bytes=1200, increment_bytes=800), on_host=True)
+    assert (host.transient_ratio, host.peak_ratio, host.resident_ratio) == (0.75, None, None)
+    nothing_seen = compare(1000, 600, MemoryPeak("m", peak_bytes=1200, start_bytes=1200, increment_bytes=0), True)
+    assert nothing_seen.transient_ratio is None and "no ratio" in nothing_seen.note
+
+
 def test_a_result_survives_the_results_file(tmp_path):
     """TOML drops None: every field that may be None has a default, and a written result loads back as it was."""
     import rpx_core.types.training as types

@@ -21,13 +21,15 @@ from rpx_core.plugin import Backend, Deadline, LatencyOptions, MemoryPeak, Stage
 from rpx_core.types.training import MeasuredStep, PredictedVsMeasured, TrainStepOptions
 from rpx_plugins.latency import interval_is_tight, judge, relative_width, sample_calls, warm_up
 from rpx_plugins.measurement import gc_paused
-from rpx_plugins.training.host_allocator import freed_memory_returned, settle_for_speed, trim
+from rpx_plugins.training.host_allocator import MMAP_THRESHOLD, freed_memory_returned, settle_for_speed, trim
 
 #: Steps before the memory step at least: the first makes the optimiser's state, the second is steady.
 MEMORY_WARMUP = 2
 PEAK_NOTE = "predicted / measured; the peak and the resident set too, as the device's allocator counts tensors alone"
 HOST_NOTE = ("predicted transient peak / measured increment; no peak or resident ratio: on a host device the measured "
-             "peak and start are the process's whole RSS (the interpreter and libraries included)")
+             "peak and start are the process's whole RSS (the interpreter and libraries included); tensors under "
+             f"{MMAP_THRESHOLD // 1024} KiB come from the heap's free blocks, so a step made of small tensors shows less "
+             "increment than it held (none: no ratio)")
 
 
 def interval_options(options: TrainStepOptions) -> LatencyOptions:
