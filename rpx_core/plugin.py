@@ -31,8 +31,8 @@ here too (and from :mod:`rpx_core.types`, the schema of the results they define)
   (every figure in human units); :func:`ok_result`, :func:`run_result`, :func:`field` to read results files.
 * Precisions (:class:`Precision`, ``PrecisionName`` for an option holding precision names, :func:`get_precision`,
   :func:`check_precision`, :func:`precision_of_dtype`, ``BYTES_PER_ELEMENT``) and GPU packs (:class:`GPUSpec`, :class:`Peak`, :class:`GPUCatalog`).
-* Validating options as rpx does: the ``batch_size`` / ``batch_sizes`` attrs validators (integers from 1 to 2**31 - 1)
-  and :func:`seconds_validator` (durations).
+* Validating options as rpx does: the ``batch_size`` / ``batch_sizes`` attrs validators (integers from 1 to 2**31 - 1),
+  :func:`one_of` (a named choice, with "did you mean") and :func:`seconds_validator` (durations).
 * Operator formulas: :class:`OpFormula` (what ``rpx_register_op_formulas`` returns) and :mod:`rpx_core.cost_table`
   as :data:`cost_table` (the per-element FLOP costs behind every ``other_flops``).
 * Executors: :class:`Executor` (what ``rpx_register_executors`` returns), the :class:`WorkItem` jobs it receives
@@ -51,7 +51,7 @@ import importlib
 from typing import Any
 
 from rpx_core import cost_table, safe_read, stats
-from rpx_core.convert import batch_size, batch_sizes
+from rpx_core.convert import batch_size, batch_sizes, one_of
 from rpx_core.errors import BackendUnavailable, NotApplicable, PluginError, RpxError, UnsupportedError, did_you_mean
 from rpx_core.execution.context import Job, RunContext, StageContext
 from rpx_core.execution.executors import Environment, Executor, Resources, WorkItem, run_task_elsewhere, usable_cores
@@ -137,7 +137,7 @@ __all__ = [
     "BYTES_PER_ELEMENT",
     "GPUSpec", "Peak", "GPUCatalog",
     # validating options as rpx does
-    "batch_size", "batch_sizes", "seconds_validator",
+    "batch_size", "batch_sizes", "one_of", "seconds_validator",
     # operator formulas
     "OpFormula", "cost_table",
     # executors
