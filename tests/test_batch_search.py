@@ -4,6 +4,8 @@ peak RSS follows batch size to within a few MB). Expected limits come from a dir
 
 from __future__ import annotations
 
+import gc
+
 import psutil
 import pytest
 import torch
@@ -69,11 +71,13 @@ def search(backend: CpuBackend, stages: list[StageContext], **options) -> BatchS
 
 
 def scan_peaks(backend: CpuBackend, model: torch.nn.Module, sizes: range) -> dict[int, int]:
-    """Peak RSS of two calls at each size, read directly (not through batch_search), each from a trimmed C heap
-    as batch_search's trials start."""
+    """Peak RSS of two calls at each size, read directly (not through batch_search), each after a garbage collection
+    and from a trimmed C heap as batch_search's trials start (without the collection, earlier tests' cyclic garbage
+    held in the scan and freed before the trials put the scan ~30 MB above them in a full run)."""
     peaks = {}
     with torch.inference_mode():
         for size in sizes:
+            gc.collect()
             backend.release_cached_memory("cpu")
             backend.reset_peak_memory("cpu")
             x = torch.randn(size, *INPUT[1:])
