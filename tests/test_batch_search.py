@@ -4,8 +4,6 @@ peak RSS follows batch size to within a few MB). Expected limits come from a dir
 
 from __future__ import annotations
 
-import gc
-
 import psutil
 import pytest
 import torch
@@ -16,6 +14,7 @@ from rpx_core.spec.schema import InputSpec, ModelSpec
 from rpx_core.types.batch_search import BatchSearchOptions, BatchSearchResult, format_table
 from rpx_plugins.batch_search.direct_scan import direct_scan
 from rpx_plugins.batch_search.stage import rpx_batch_search
+from rpx_plugins.measurement import gc_paused
 from rpx_plugins.torch.cpu import CpuBackend
 
 MB = 10**6
@@ -71,20 +70,20 @@ def search(backend: CpuBackend, stages: list[StageContext], **options) -> BatchS
 
 
 def scan_peaks(backend: CpuBackend, model: torch.nn.Module, sizes: range) -> dict[int, int]:
-    """Peak RSS of two calls at each size, read directly (not through batch_search), each after a garbage collection
-    and from a trimmed C heap as batch_search's trials start (without the collection, earlier tests' cyclic garbage
-    held in the scan and freed before the trials put the scan ~30 MB above them in a full run)."""
+    """Peak RSS of two calls at each size, read directly (not through batch_search), each as batch_search's trials
+    start: garbage collected, then collection paused (without it, earlier tests' cyclic garbage held in the scan and
+    freed before the trials put the scan ~30 MB above them in a full run), from a trimmed C heap."""
     peaks = {}
     with torch.inference_mode():
         for size in sizes:
-            gc.collect()
-            backend.release_cached_memory("cpu")
-            backend.reset_peak_memory("cpu")
-            x = torch.randn(size, *INPUT[1:])
-            model(x)
-            model(x)
-            peaks[size] = backend.read_peak_memory("cpu").peak_bytes
-            del x
+            with gc_paused():
+                backend.release_cached_memory("cpu")
+                backend.reset_peak_memory("cpu")
+                x = torch.randn(size, *INPUT[1:])
+                model(x)
+                model(x)
+                peaks[size] = backend.read_peak_memory("cpu").peak_bytes
+                del x
     return peaks
 
 

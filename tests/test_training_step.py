@@ -295,14 +295,15 @@ def test_predicted_transient_peak_is_within_10_percent_of_the_measured_increment
 
 
 def test_ratios_are_predicted_over_measured_and_absent_where_not_comparable():
-    from rpx_core.registry.backends import MemoryPeak
+    from rpx_core.registry.backends import MemoryPeak, with_start
     from rpx_plugins.training.measure import compare
 
-    device = compare(1000, 600, MemoryPeak("m", peak_bytes=2000, start_bytes=1200, increment_bytes=800), on_host=False)
+    read = with_start(MemoryPeak("m", peak_bytes=2000), 1200)  # an increment of 800
+    device = compare(1000, 600, read, on_host=False)
     assert (device.transient_ratio, device.peak_ratio, device.resident_ratio) == (0.75, 0.8, 1000 / 1200)
-    host = compare(1000, 600, MemoryPeak("m", peak_bytes=2000, start_bytes=1200, increment_bytes=800), on_host=True)
+    host = compare(1000, 600, read, on_host=True)
     assert (host.transient_ratio, host.peak_ratio, host.resident_ratio) == (0.75, None, None)
-    nothing_seen = compare(1000, 600, MemoryPeak("m", peak_bytes=1200, start_bytes=1200, increment_bytes=0), True)
+    nothing_seen = compare(1000, 600, with_start(MemoryPeak("m", peak_bytes=1200), 1200), on_host=True)
     assert nothing_seen.transient_ratio is None and "no ratio" in nothing_seen.note
 
 
